@@ -1,0 +1,37 @@
+"""torchquant: PyTorch's quantization API (``torch.ao.quantization``) on plain integer tensors.
+
+Port code by renaming: ``torch.ao.X`` -> ``torchquant.X``, ``torch.quantize_per_tensor`` ->
+``torchquant.quantize_per_tensor``, ``torch.quint8`` -> ``torchquant.quint8``.
+"""
+from __future__ import annotations
+
+import logging as _logging
+
+import torch as _torch
+
+from .dtypes import (QDType, QScheme, per_channel_affine, per_channel_affine_float_qparams,
+                     per_channel_symmetric, per_tensor_affine, per_tensor_symmetric, qint8, qint32,
+                     quint2x4, quint4x2, quint8, to_qdtype, to_qscheme)
+from .qtensor import QTensor, _rebuild_qtensor
+from .tensor_functions import (dequantize, fake_quantize_per_channel_affine,
+                               fake_quantize_per_tensor_affine, quantize_per_channel,
+                               quantize_per_tensor, quantize_per_tensor_dynamic)
+from . import dtypes as _dtypes
+
+__version__ = "0.1.0"
+
+_logging.getLogger("torchquant").addHandler(_logging.NullHandler())
+
+# Let torch.load(weights_only=True) rebuild our tensors and dtype/qscheme objects.
+_torch.serialization.add_safe_globals([
+    QTensor, _rebuild_qtensor, QDType, QScheme, _dtypes._qdtype_by_name, _dtypes._qscheme_by_name,
+])
+
+__all__ = [
+    "QDType", "QScheme", "QTensor", "to_qdtype", "to_qscheme",
+    "quint8", "qint8", "qint32", "quint4x2", "quint2x4",
+    "per_tensor_affine", "per_channel_affine", "per_tensor_symmetric", "per_channel_symmetric",
+    "per_channel_affine_float_qparams",
+    "quantize_per_tensor", "quantize_per_channel", "dequantize", "quantize_per_tensor_dynamic",
+    "fake_quantize_per_tensor_affine", "fake_quantize_per_channel_affine",
+]

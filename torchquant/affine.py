@@ -1,0 +1,352 @@
+"""The affine quantization math: ranges, qparam choice, quantize, dequantize, fake-quantize.
+
+Every other part of torchquant calls into this module; nothing re-implements these formulas.
+The elementwise functions dispatch through :mod:`torchquant.kernels` (a plain-torch reference
+here, faster variants registered there) so callers never pick a kernel themselves.
+
+Rounding contract (measured against torch 2.13 on CPU, see ``tests/test_affine.py``).  torch's
+kernels do not all use one formula; with ``inv = float32(1 / float32(scale))``:
+
+* per-tensor quint8 / qint8:      ``q = nearbyint(fma(x, inv, zp))``           ("fma")
+* per-tensor qint32, per-channel: ``q = nearbyint(float32(x * inv) + zp)``     ("mul_add")
+* sub-byte per-tensor, fake-quant:``q = nearbyint(float32(x * inv)) + zp``     ("round_add")
+
+``nearbyint`` rounds half to even.  The result is then clamped to ``[qmin, qmax]``.  The three
+differ only on inputs that sit within an ulp of a rounding tie, but they do differ, so each
+call site names the mode torch uses there.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Optional
+
+import torch
+
+from . import dtypes as _dt
+from .dtypes import QDType, QScheme
+
+__all__ = [
+    "FMA", "MUL_ADD", "ROUND_ADD",
+    "FP32_EPS", "calculate_qmin_qmax", "validate_qmin_qmax", "check_min_max_valid",
+    "choose_qparams", "choose_qparams_aten", "quantize_int", "dequantize_int",
+    "fake_quantize", "pack_sub_byte", "unpack_sub_byte", "inv_scale_f32",
+    "check_scale", "check_zero_point", "quantize_mode",
+]
+
+FMA, MUL_ADD, ROUND_ADD = "fma", "mul_add", "round_add"
+FP32_EPS = torch.finfo(torch.float32).eps
+SMALL_SCALE_THRESHOLD = 6.1e-5  # ATen's floor for dynamically chosen scales
+
+
+# --------------------------------------------------------------------------------------------
+# Integer ranges
+# --------------------------------------------------------------------------------------------
+
+def _dtype_key(dtype: Any) -> Any:
+    """QDType for integer aliases, the torch dtype itself otherwise (int16, uint16, float8...)."""
+    return _dt.to_qdtype(dtype) if _dt.is_qdtype_like(dtype) else dtype
+
+
+def validate_qmin_qmax(quant_min: int, quant_max: int) -> None:
+    """A custom range must contain 0 and be non-empty (AssertionError, as torch)."""
+    assert quant_min <= 0 <= quant_max, (
+        f"Used-specified quantization range must include 0; got quant_min={quant_min}, "
+        f"quant_max={quant_max}.")
+    assert quant_min < quant_max, (
+        f"qmin must be strictly less than qmax for user-specified quantization range; got "
+        f"quant_min={quant_min}, quant_max={quant_max}.")
+
+
+def calculate_qmin_qmax(quant_min: Optional[int], quant_max: Optional[int],
+                        has_customized_qrange: bool, dtype: Any,
+                        reduce_range: bool) -> tuple[int, int]:
+    """The integer range an observer quantizes to (torch's rules, including reduce_range)."""
+    key = _dtype_key(dtype)
+    if has_customized_qrange:
+        if quant_min is None or quant_max is None:
+            lo, hi = (0, 2**32 - 1) if key == _dt.qint32 else (0, 255)
+        else:
+            lo, hi = quant_min, quant_max
+        span = hi - lo + 1
+        if key == _dt.qint8:
+            assert 0 < span <= 256, ("quantization range should be positive and not exceed the "
+                                     f"maximum bit range (=256); got {lo}..{hi}")
+        elif key == _dt.qint32:
+            assert 0 < span <= 2**32, ("quantization range should be positive and not exceed the "
+                                       f"maximum bit range (=4294967296); got {lo}..{hi}")
+        if reduce_range:
+            lo, hi = lo // 2, hi // 2
+        return int(lo), int(hi)
+    if key == _dt.qint8:
+        return (-64, 63) if reduce_range else (-128, 127)
+    if key == _dt.quint8:
+        return (0, 127) if reduce_range else (0, 255)
+    if key == _dt.qint32:
+        return -(2**31), 2**31 - 1
+    if key == torch.uint16:
+        return 0, 2**16 - 1
+    if key == torch.int16:
+        return -(2**15), 2**15 - 1
+    return 0, 15
+
+
+# --------------------------------------------------------------------------------------------
+# Choosing qparams
+# --------------------------------------------------------------------------------------------
+
+def check_min_max_valid(min_val: torch.Tensor, max_val: torch.Tensor) -> bool:
+    """False (with a warning) when nothing was observed; AssertionError when min > max."""
+    if min_val.numel() == 0 or max_val.numel() == 0:
+        warnings.warn("must run observer before calling calculate_qparams. "
+                      "Returning default values.")
+        return False
+    if min_val.dim() == 0 or max_val.dim() == 0:
+        if min_val == float("inf") and max_val == float("-inf"):
+            warnings.warn("must run observer before calling calculate_qparams. "
+                          "Returning default values.")
+            return False
+        assert min_val <= max_val, f"min {min_val} should be less than max {max_val}"
+    else:
+        assert torch.all(min_val <= max_val), f"min {min_val} should be less than max {max_val}"
+    return True
+
+
+def choose_qparams(min_val: torch.Tensor, max_val: torch.Tensor, quant_min: int, quant_max: int,
+                   dtype: Any, eps: torch.Tensor, has_customized_qrange: bool,
+                   qscheme: Any = _dt.per_tensor_affine) -> tuple[torch.Tensor, torch.Tensor]:
+    """Observer rule for (scale, zero_point) from running min/max (per tensor or per channel).
+
+    Scalars come back as 1-element tensors; zero_point is int32 (affine), int64 (symmetric) or
+    float (float_qparams), matching what torch's observers return.
+    """
+    if not check_min_max_valid(min_val, max_val):
+        dev = min_val.device.type
+        return torch.tensor([1.0], device=dev), torch.tensor([0], device=dev)
+    qscheme = _dt.to_qscheme(qscheme)
+    key = _dtype_key(dtype)
+    device = min_val.device
+    eps = eps.to(device) if isinstance(eps, torch.Tensor) else torch.tensor([eps], device=device)
+    zeros = torch.zeros_like(min_val)
+    min_neg = torch.minimum(min_val, zeros)
+    max_pos = torch.maximum(max_val, zeros)
+    zero_point = torch.zeros(min_neg.size(), dtype=torch.int64, device=device)
+
+    if qscheme in (_dt.per_tensor_symmetric, _dt.per_channel_symmetric):
+        amax = torch.maximum(-min_neg, max_pos)
+        scale = torch.maximum(amax / (float(quant_max - quant_min) / 2), eps)
+        if key == _dt.quint8:
+            mid = (quant_min + quant_max) // 2 if has_customized_qrange else 128
+            zero_point = zero_point.new_full(zero_point.size(), mid)
+        elif key == torch.uint16:
+            zero_point = zero_point.new_full(zero_point.size(), 2**15)
+    elif qscheme == _dt.per_channel_affine_float_qparams:
+        scale = (max_val - min_val) / float(quant_max - quant_min)
+        scale = torch.where(scale > eps, scale, torch.ones_like(scale))
+        zero_point = -1 * min_val / scale
+    else:
+        scale = torch.maximum((max_pos - min_neg) / float(quant_max - quant_min), eps)
+        zero_point = quant_min - torch.round(min_neg / scale).to(torch.int)
+        zero_point = torch.clamp(zero_point, quant_min, quant_max)
+
+    if scale.dim() == 0:
+        scale = scale.reshape(1)
+    if zero_point.dim() == 0:
+        zero_point = zero_point.reshape(1)
+    return scale, zero_point
+
+
+def choose_qparams_aten(min_val: torch.Tensor, max_val: torch.Tensor, qmin: int, qmax: int,
+                        preserve_sparsity: bool = False,
+                        reduce_range: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """ATen's ``ChooseQuantizationParams`` vectorised over channels.
+
+    Used by the fused moving-average fake-quant and by dynamic quantization. It differs from
+    the observer rule: symmetric ranges are ``max(|min|/(n/2+1), max/(n/2))``, tiny scales are
+    floored at 6.1e-5 and zero points come from whichever end loses less.  float32 variables of
+    the C++ code are kept float32 here, double ones float64.  Returns (float32 scale, int64 zp)
+    with the shape of ``min_val``.
+    """
+    if reduce_range:
+        qmin, qmax = qmin // 2, qmax // 2
+    mn = min_val.detach().to(torch.float32)
+    mx = max_val.detach().to(torch.float32)
+    if bool((mn > mx).any()):
+        raise ValueError(f"choose_qparams: min {mn} must not exceed max {mx}")
+    if preserve_sparsity:
+        sym_qmin = -((qmax - qmin) // 2 + 1)
+        sym_qmax = (qmax - qmin) // 2
+        straddles = (mn < 0) & (mx > 0)
+        max_scale = torch.maximum((mn / sym_qmin).abs(), (mx / sym_qmax).abs()).double()
+        mn = torch.where(straddles, (max_scale * sym_qmin).float(), mn)
+        mx = torch.where(straddles, (max_scale * sym_qmax).float(), mx)
+    else:
+        straddles = torch.zeros_like(mn, dtype=torch.bool)
+    mn = torch.clamp(mn, max=0.0)
+    mx = torch.clamp(mx, min=0.0)
+    scale = (mx.double() - mn.double()) / (qmax - qmin)
+    scale_f = scale.float()
+    degenerate = (scale_f == 0) | torch.isinf(1.0 / scale_f)
+    scale = torch.where(degenerate, torch.full_like(scale, 0.1), scale)
+    small = scale < SMALL_SCALE_THRESHOLD
+    if bool(small.any()):
+        thr = torch.tensor(SMALL_SCALE_THRESHOLD, dtype=torch.float32)
+        org = scale.float()
+        amplifier = thr / org
+        new_mn = torch.where(mn == 0, mn, torch.where(mx == 0, -thr * (qmax - qmin), mn * amplifier))
+        new_mx = torch.where(mn == 0, thr * (qmax - qmin), torch.where(mx == 0, mx, mx * amplifier))
+        mn = torch.where(small, new_mn, mn)
+        mx = torch.where(small, new_mx, mx)
+        scale = torch.where(small, torch.full_like(scale, thr.double().item()), scale)
+    mnd, mxd = mn.double(), mx.double()
+    zp_from_min = qmin - mnd / scale
+    zp_from_max = qmax - mxd / scale
+    err_min = abs(qmin) - (mnd / scale).abs()
+    err_max = abs(qmax) - (mxd / scale).abs()
+    zp = torch.where(err_min < err_max, zp_from_min, zp_from_max)
+    if preserve_sparsity:
+        zp = torch.where(straddles, torch.full_like(zp, (qmin + qmax) / 2), zp)
+    zp = torch.where(zp < qmin, torch.full_like(zp, qmin),
+                     torch.where(zp > qmax, torch.full_like(zp, qmax), torch.round(zp)))
+    return scale.float(), zp.to(torch.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# Argument checks shared by the tensor constructors and modules
+# --------------------------------------------------------------------------------------------
+
+def check_scale(scale: torch.Tensor, what: str = "scale") -> None:
+    """Scales must be positive and finite: a zero, negative or NaN scale silently corrupts data."""
+    if scale.numel() and not bool(torch.isfinite(scale).all() and (scale > 0).all()):
+        raise ValueError(f"{what} must be positive and finite, got {scale.tolist()}")
+
+
+def check_zero_point(zero_point: torch.Tensor, qdtype: QDType, what: str = "zero_point") -> None:
+    if zero_point.numel() and zero_point.dtype.is_floating_point:
+        if not bool(torch.isfinite(zero_point).all()):
+            raise ValueError(f"{what} must be finite, got {zero_point.tolist()}")
+        return
+    if zero_point.numel() and not bool(((zero_point >= qdtype.qmin) & (zero_point <= qdtype.qmax)).all()):
+        raise ValueError(f"{what} must lie in [{qdtype.qmin}, {qdtype.qmax}] for {qdtype!r}, "
+                         f"got {zero_point.tolist()}")
+
+
+def inv_scale_f32(scale: torch.Tensor) -> torch.Tensor:
+    """``1.0f / float(scale)``: torch quantizes with the float32 reciprocal of the float32 scale."""
+    return torch.reciprocal(scale.to(torch.float32))
+
+
+# --------------------------------------------------------------------------------------------
+# Quantize / dequantize / fake-quantize (dispatch to kernels)
+# --------------------------------------------------------------------------------------------
+
+def _broadcast(t: torch.Tensor, ndim: int, axis: Optional[int]) -> torch.Tensor:
+    if axis is None or t.dim() == 0:
+        return t
+    shape = [1] * ndim
+    shape[axis] = -1
+    return t.reshape(shape)
+
+
+def quantize_int(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int,
+                 qmax: int, storage_dtype: torch.dtype, axis: Optional[int] = None,
+                 mode: str = FMA) -> torch.Tensor:
+    """Quantize ``x`` to integers of ``storage_dtype`` (unpacked).
+
+    ``scale``/``zero_point`` are 0-d (per tensor) or 1-d along ``axis``.  A floating zero_point
+    means the float-qparams scheme (``nearbyint(x * inv + zp)``).
+    """
+    from . import kernels
+    inv = _broadcast(inv_scale_f32(scale), x.dim(), axis)
+    if zero_point.dtype.is_floating_point:
+        zp = _broadcast(zero_point.to(torch.float32), x.dim(), axis)
+        mode = MUL_ADD
+    else:
+        zp = _broadcast(zero_point.to(torch.float32), x.dim(), axis)
+    fn = kernels.get("quantize", x, mode=mode, per_channel=axis is not None)
+    return fn(x.to(torch.float32), inv, zp, qmin, qmax, storage_dtype, mode)
+
+
+def dequantize_int(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                   axis: Optional[int] = None) -> torch.Tensor:
+    """``(q - zp) * scale`` as float32; per-channel integer zero points compute in float64 as torch does."""
+    from . import kernels
+    fn = kernels.get("dequantize", q, per_channel=axis is not None)
+    return fn(q, _broadcast(scale, q.dim(), axis), _broadcast(zero_point, q.dim(), axis),
+              axis is not None)
+
+
+class _FakeQuantizeSTE(torch.autograd.Function):
+    """Fake-quantize with the straight-through estimator masked to the unclamped region."""
+
+    @staticmethod
+    def forward(ctx, x, scale, zero_point, qmin, qmax, axis):
+        from . import kernels
+        inv = _broadcast(inv_scale_f32(scale), x.dim(), axis)
+        sc = _broadcast(scale.to(torch.float32), x.dim(), axis)
+        if zero_point.dtype.is_floating_point:
+            zp = _broadcast(zero_point.to(torch.float32), x.dim(), axis)
+        else:
+            zp = _broadcast(zero_point.to(torch.float32).round(), x.dim(), axis)
+        fn = kernels.get("fake_quantize", x)
+        out, mask = fn(x, inv, sc, zp, qmin, qmax)
+        ctx.save_for_backward(mask)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (mask,) = ctx.saved_tensors
+        return grad * mask, None, None, None, None, None
+
+
+def fake_quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int,
+                  qmax: int, axis: Optional[int] = None) -> torch.Tensor:
+    """Quantize-dequantize in float with an STE gradient (zero where the value was clamped)."""
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"fake_quantize expects a floating-point input, got {x.dtype}")
+    if qmin > qmax:
+        raise ValueError(f"quant_min ({qmin}) must not exceed quant_max ({qmax})")
+    scale = torch.as_tensor(scale, device=x.device)
+    zero_point = torch.as_tensor(zero_point, device=x.device)
+    if axis is not None:
+        axis = axis % x.dim()
+        if scale.numel() != x.size(axis) or zero_point.numel() != x.size(axis):
+            raise ValueError(f"fake_quantize: {scale.numel()} scales / {zero_point.numel()} zero "
+                             f"points for {x.size(axis)} channels along axis {axis}")
+    return _FakeQuantizeSTE.apply(x, scale, zero_point, qmin, qmax, axis)
+
+
+# --------------------------------------------------------------------------------------------
+# Sub-byte packing (quint4x2, quint2x4)
+# --------------------------------------------------------------------------------------------
+
+def pack_sub_byte(values: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack unsigned ``bits``-wide values, flattened, low bits first: element ``k*i + j`` goes to
+    bits ``[j*bits, (j+1)*bits)`` of byte ``i``.  Returns a 1-D uint8 tensor."""
+    per = 8 // bits
+    flat = values.reshape(-1).to(torch.uint8)
+    pad = (-flat.numel()) % per
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    flat = flat.view(-1, per)
+    out = flat[:, 0].clone()
+    for j in range(1, per):
+        out |= flat[:, j] << (j * bits)
+    return out
+
+
+def unpack_sub_byte(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
+    """Inverse of :func:`pack_sub_byte`: the first ``numel`` values as a 1-D uint8 tensor."""
+    per = 8 // bits
+    mask = (1 << bits) - 1
+    parts = [(packed >> (j * bits)) & mask for j in range(per)]
+    return torch.stack(parts, dim=1).reshape(-1)[:numel]
+
+
+
+def quantize_mode(qdtype: QDType, per_channel: bool) -> str:
+    """Which rounding formula torch 2.13 uses for this dtype / granularity (module docstring)."""
+    if qdtype.is_sub_byte and not per_channel:
+        return ROUND_ADD
+    if per_channel or qdtype.bits == 32:
+        return MUL_ADD
+    return FMA

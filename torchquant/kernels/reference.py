@@ -1,0 +1,54 @@
+"""Plain-torch reference kernels for the affine elementwise ops (the numerics contract).
+
+The formulas are written once, parameterised by the fused multiply-add to use, so the compiled
+fast path (:mod:`.cpu_compiled`) runs exactly this code with a fusing ``fma``.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from . import register
+from ..affine import FMA, MUL_ADD, ROUND_ADD
+
+
+def eager_fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``a * b + c`` with one rounding: torch's CPU ``addcmul`` kernel fuses it (tested)."""
+    return torch.addcmul(c, a, b)
+
+
+def quantize_formula(x: torch.Tensor, inv: torch.Tensor, zp: torch.Tensor, qmin: int, qmax: int,
+                     storage_dtype: torch.dtype, mode: str, fma: Callable = eager_fma) -> torch.Tensor:
+    if mode == FMA:
+        y = torch.round(fma(x, inv, zp))
+    elif mode == MUL_ADD:
+        y = torch.round(x * inv + zp)
+    elif mode == ROUND_ADD:
+        y = torch.round(x * inv) + zp
+    else:
+        raise ValueError(f"unknown rounding mode {mode!r}")
+    # NaN has no integer image; torchquant maps it to the zero point (a documented safe value).
+    y = torch.where(torch.isnan(y), zp.expand_as(y) if zp.dim() else zp, y)
+    return torch.clamp(y, qmin, qmax).to(storage_dtype)
+
+
+def dequantize_formula(q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor,
+                       per_channel: bool) -> torch.Tensor:
+    if per_channel and not zp.dtype.is_floating_point:
+        # torch's per-channel kernel keeps double scales and computes in double.
+        return ((q.to(torch.float64) - zp.to(torch.float64)) * scale.to(torch.float64)).to(torch.float32)
+    return (q.to(torch.float32) - zp.to(torch.float32)) * scale.to(torch.float32)
+
+
+def fake_quantize_formula(x: torch.Tensor, inv: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor,
+                          qmin: int, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+    q = torch.round(x * inv) + zp
+    mask = (q >= qmin) & (q <= qmax)
+    out = (torch.clamp(q, qmin, qmax) - zp) * scale
+    return out.to(x.dtype), mask
+
+
+register("quantize", "reference")(quantize_formula)
+register("dequantize", "reference")(dequantize_formula)
+register("fake_quantize", "reference")(fake_quantize_formula)

@@ -1,0 +1,115 @@
+"""Top-level tensor functions: ``quantize_per_tensor``, ``quantize_per_channel``, ``dequantize``...
+
+Thin, validating front ends over :mod:`torchquant.affine`; the math lives there.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence, Union
+
+import torch
+
+from . import affine
+from . import dtypes as _dt
+from .qtensor import QTensor, _normalise_qparams
+
+__all__ = ["quantize_per_tensor", "quantize_per_channel", "dequantize",
+           "quantize_per_tensor_dynamic", "fake_quantize_per_tensor_affine",
+           "fake_quantize_per_channel_affine"]
+
+
+def _check_float_input(x: Any, fn: str) -> torch.Tensor:
+    if isinstance(x, QTensor):
+        raise TypeError(f"{fn} expects a float tensor, got an already quantized QTensor")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn} expects a float tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"{fn} expects a floating-point input, got dtype {x.dtype}")
+    return x.detach()
+
+
+def _make(x: torch.Tensor, scale_t: torch.Tensor, zp_t: torch.Tensor, qdtype: _dt.QDType,
+          axis) -> QTensor:
+    mode = affine.quantize_mode(qdtype, axis is not None)
+    vals = affine.quantize_int(x, scale_t.to(x.device), zp_t.to(x.device), qdtype.qmin,
+                               qdtype.qmax, qdtype.storage_dtype, axis, mode)
+    scale_t, zp_t = scale_t.to(x.device), zp_t.to(x.device)
+    if qdtype.is_sub_byte:
+        return QTensor(affine.pack_sub_byte(vals, qdtype.bits), scale_t, zp_t, qdtype, axis,
+                       tuple(x.shape))
+    return QTensor(vals, scale_t, zp_t, qdtype, axis)
+
+
+def quantize_per_tensor(input: Union[torch.Tensor, Sequence[torch.Tensor]], scale: Any,
+                        zero_point: Any, dtype: Any) -> Union[QTensor, tuple]:
+    """Affine-quantize with one scale and integer zero point (``torch.quantize_per_tensor``).
+
+    A list of tensors with 1-d ``scale``/``zero_point`` tensors gives a tuple of QTensors."""
+    qdtype = _dt.to_qdtype(dtype)
+    if isinstance(input, (list, tuple)):
+        scales = torch.as_tensor(scale).reshape(-1)
+        zps = torch.as_tensor(zero_point).reshape(-1)
+        if scales.numel() != len(input) or zps.numel() != len(input):
+            raise ValueError(f"quantize_per_tensor on {len(input)} tensors needs {len(input)} "
+                             f"scales and zero points, got {scales.numel()} and {zps.numel()}")
+        return tuple(quantize_per_tensor(t, scales[i], zps[i], qdtype) for i, t in enumerate(input))
+    x = _check_float_input(input, "quantize_per_tensor")
+    scale_t, zp_t = _normalise_qparams(scale, zero_point, qdtype, None, x.shape)
+    return _make(x, scale_t, zp_t, qdtype, None)
+
+
+def quantize_per_channel(input: torch.Tensor, scales: Any, zero_points: Any, axis: int,
+                         dtype: Any) -> QTensor:
+    """Per-channel affine quantization along ``axis``; float ``zero_points`` select the
+    float-qparams scheme (embeddings)."""
+    qdtype = _dt.to_qdtype(dtype)
+    x = _check_float_input(input, "quantize_per_channel")
+    if not isinstance(axis, int):
+        raise TypeError(f"axis must be an int, got {type(axis).__name__}")
+    scale_t, zp_t = _normalise_qparams(scales, zero_points, qdtype, axis, x.shape)
+    return _make(x, scale_t, zp_t, qdtype, axis % x.dim())
+
+
+def dequantize(tensor: Any) -> Any:
+    """Float32 values of a QTensor; a float tensor comes back unchanged; a list gives a tuple."""
+    if isinstance(tensor, (list, tuple)):
+        return tuple(dequantize(t) for t in tensor)
+    if isinstance(tensor, QTensor):
+        return tensor.dequantize()
+    if isinstance(tensor, torch.Tensor):
+        if tensor.dtype.is_floating_point:
+            return tensor
+        raise TypeError(f"dequantize expects a QTensor or float tensor, got dtype {tensor.dtype}")
+    raise TypeError(f"dequantize expects a tensor, got {type(tensor).__name__}")
+
+
+def quantize_per_tensor_dynamic(input: torch.Tensor, dtype: Any, reduce_range: bool) -> QTensor:
+    """Per-tensor affine quantization with qparams chosen from the input's min/max (ATen rule)."""
+    qdtype = _dt.to_qdtype(dtype)
+    if qdtype not in (_dt.quint8, _dt.qint8):
+        raise TypeError(f"quantize_per_tensor_dynamic supports quint8 and qint8, got {qdtype!r}")
+    x = _check_float_input(input, "quantize_per_tensor_dynamic")
+    if x.numel():
+        mn, mx = torch.aminmax(x)
+        if not (torch.isfinite(mn) and torch.isfinite(mx)):
+            raise ValueError("quantize_per_tensor_dynamic: input contains NaN or Inf")
+    else:
+        mn = mx = torch.zeros((), device=x.device)
+    scale, zp = affine.choose_qparams_aten(mn, mx, qdtype.qmin, qdtype.qmax,
+                                           preserve_sparsity=False, reduce_range=reduce_range)
+    return quantize_per_tensor(x, scale.double(), zp, qdtype)
+
+
+def fake_quantize_per_tensor_affine(input: torch.Tensor, scale: Any, zero_point: Any,
+                                    quant_min: int, quant_max: int) -> torch.Tensor:
+    """Quantize-dequantize with a straight-through gradient (zero where clamped)."""
+    _check_float_input(input, "fake_quantize_per_tensor_affine")
+    return affine.fake_quantize(input, torch.as_tensor(scale, dtype=torch.float32),
+                                torch.as_tensor(zero_point), quant_min, quant_max)
+
+
+def fake_quantize_per_channel_affine(input: torch.Tensor, scale: torch.Tensor,
+                                     zero_point: torch.Tensor, axis: int, quant_min: int,
+                                     quant_max: int) -> torch.Tensor:
+    """Per-channel fake quantization along ``axis``."""
+    _check_float_input(input, "fake_quantize_per_channel_affine")
+    return affine.fake_quantize(input, scale, zero_point, quant_min, quant_max, axis)
