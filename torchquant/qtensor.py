@@ -187,16 +187,17 @@ class QTensor(torch.Tensor):
         return QTensor(values, scale, zero_point, self.qdtype, axis)
 
     def __repr__(self, *, tensor_contents=None) -> str:
-        vals = self.dequantize()
-        body = repr(vals)
+        meta = f"size={tuple(self.shape)}, dtype={self.qdtype!r}, qscheme={self.qscheme()!r}"
+        if _is_symbolic(self.int_data):  # while torch.compile/export traces: no values to show
+            return f"QTensor({meta})"
+        body = repr(self.dequantize())
         body = body[len("tensor("):-1] if body.startswith("tensor(") else body
         if self.axis is None:
             q = f"scale={self.q_scale()}, zero_point={self.q_zero_point()}"
         else:
             q = (f"scales={self.scale.tolist()}, zero_points={self.zero_point.tolist()}, "
                  f"axis={self.axis}")
-        return (f"QTensor({body}, size={tuple(self.shape)}, dtype={self.qdtype!r}, "
-                f"qscheme={self.qscheme()!r}, {q})")
+        return f"QTensor({body}, {meta}, {q})"
 
     # ---- dispatch -----------------------------------------------------------------------------
     @classmethod
@@ -249,6 +250,12 @@ def _normalise_qparams(scale: Any, zero_point: Any, qdtype: QDType, axis: Option
         zp_t = zp_t.to(torch.int64)
     affine.check_zero_point(zp_t, qdtype, "zero_points")
     return scale_t.to(scale_t.device), zp_t
+
+
+def _is_symbolic(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+    from torch._subclasses.functional_tensor import FunctionalTensor
+    return is_fake(t) or isinstance(t, FunctionalTensor) or t.device.type == "meta"
 
 
 def _rebuild_qtensor(int_data, scale, zero_point, qdtype_name, axis, shape):

@@ -30,6 +30,8 @@ def quantize_formula(x: torch.Tensor, inv: torch.Tensor, zp: torch.Tensor, qmin:
         raise ValueError(f"unknown rounding mode {mode!r}")
     # NaN has no integer image; torchquant maps it to the zero point (a documented safe value).
     y = torch.where(torch.isnan(y), zp.expand_as(y) if zp.dim() else zp, y)
+    if storage_dtype == torch.int32:
+        y = y.to(torch.float64)  # 2**31 - 1 is not a float32: clamp where it is representable
     return torch.clamp(y, qmin, qmax).to(storage_dtype)
 
 
@@ -38,6 +40,10 @@ def dequantize_formula(q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor,
     if per_channel and not zp.dtype.is_floating_point:
         # torch's per-channel kernel keeps double scales and computes in double.
         return ((q.to(torch.float64) - zp.to(torch.float64)) * scale.to(torch.float64)).to(torch.float32)
+    if q.dtype == torch.int32 and not zp.dtype.is_floating_point:
+        # Subtract exactly in integers, then round once (torch subtracts in int32 and wraps at
+        # the int32 boundary; int64 keeps those values right).
+        return (q.to(torch.int64) - zp.to(torch.int64)).to(torch.float32) * scale.to(torch.float32)
     return (q.to(torch.float32) - zp.to(torch.float32)) * scale.to(torch.float32)
 
 

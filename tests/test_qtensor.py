@@ -1,0 +1,253 @@
+"""QTensor methods against torch's quantized tensors (the oracle)."""
+import copy
+import io
+
+import pytest
+import torch
+
+import torchquant as tq
+from torchquant import QTensor
+
+
+def pair(shape=(4, 6), scale=0.05, zp=10, ours=tq.quint8, theirs=torch.quint8):
+    x = torch.randn(shape) * 2
+    return tq.quantize_per_tensor(x, scale, zp, ours), torch.quantize_per_tensor(x, scale, zp, theirs)
+
+
+def pair_pc(axis=0, shape=(4, 6)):
+    x = torch.randn(shape)
+    n = shape[axis]
+    s = torch.rand(n, dtype=torch.float64) * 0.05 + 0.01
+    z = torch.randint(-5, 5, (n,))
+    return (tq.quantize_per_channel(x, s, z, axis, tq.qint8),
+            torch.quantize_per_channel(x, s, z, axis, torch.qint8))
+
+
+def same(q: QTensor, t: torch.Tensor):
+    """Same ints, shape and qparams as a torch quantized tensor."""
+    assert isinstance(q, QTensor)
+    assert q.shape == t.shape
+    assert torch.equal(q.int_repr(), t.int_repr())
+    if t.qscheme() == torch.per_tensor_affine:
+        assert q.q_scale() == t.q_scale() and q.q_zero_point() == t.q_zero_point()
+    else:
+        assert torch.equal(q.q_per_channel_scales(), t.q_per_channel_scales())
+        assert torch.equal(q.q_per_channel_zero_points(), t.q_per_channel_zero_points())
+    assert torch.equal(q.dequantize(), t.dequantize())
+
+
+def test_basic_properties():
+    q, t = pair()
+    assert q.is_quantized and q.qdtype is tq.quint8 and q.dtype == torch.uint8
+    assert q.size() == t.size() and q.dim() == 2 and q.numel() == 24 and q.shape == (4, 6)
+    assert q.qscheme() == tq.per_tensor_affine
+    assert "QTensor(" in repr(q) and "torchquant.quint8" in repr(q) and "scale=0.05" in repr(q)
+    qc, tc = pair_pc()
+    assert "axis=0" in repr(qc)
+    with pytest.raises(RuntimeError, match="per-tensor"):
+        qc.q_scale()
+    with pytest.raises(RuntimeError, match="per-channel"):
+        q.q_per_channel_scales()
+
+
+@pytest.mark.parametrize("op", [
+    lambda t: t.view(6, 4), lambda t: t.view(-1), lambda t: t.flatten(), lambda t: t.reshape(2, 12),
+    lambda t: t.select(1, 2), lambda t: t[1], lambda t: t[:, 1:4], lambda t: t[::2],
+    lambda t: t.transpose(0, 1), lambda t: t.permute(1, 0), lambda t: t.t(),
+    lambda t: t.unsqueeze(0), lambda t: t.unsqueeze(0).squeeze(0), lambda t: t.clone(),
+    lambda t: t.expand(3, 4, 6), lambda t: t.view(4, 1, 6).expand(4, 5, 6),
+    lambda t: t.as_strided((3, 2), (1, 3)), lambda t: t.as_strided((2, 2), (6, 1), 2),
+    lambda t: t.detach(), lambda t: t.contiguous(), lambda t: t.transpose(0, 1).contiguous(),
+    lambda t: t.chunk(2)[1], lambda t: t.split(3, dim=1)[0], lambda t: t.narrow(1, 1, 3),
+    lambda t: t.max(), lambda t: t.min(), lambda t: t.mean(), lambda t: t.mean(1),
+    lambda t: t.mean((0, 1), keepdim=True), lambda t: t.max(1)[0], lambda t: t.min(0, keepdim=True)[0],
+    lambda t: t.sort()[0], lambda t: t.sort(0, descending=True)[0], lambda t: t.topk(3)[0],
+    lambda t: t.topk(2, dim=0, largest=False)[0], lambda t: torch.relu(t),
+    lambda t: torch.nn.functional.relu(t), lambda t: torch.cat([t, t]), lambda t: torch.cat([t, t], 1),
+    lambda t: torch.stack([t, t]), lambda t: t.to("cpu"), lambda t: t[torch.tensor([0, 2])],
+], ids=lambda f: "op")
+def test_per_tensor_ops_match_torch(op):
+    for ours, theirs in [(tq.quint8, torch.quint8), (tq.qint8, torch.qint8)]:
+        q, t = pair(ours=ours, theirs=theirs)
+        same(op(q), op(t))
+
+
+def test_indices_match_torch():
+    q, t = pair()
+    for f in [lambda a: a.max(1), lambda a: a.min(0), lambda a: a.sort(1), lambda a: a.topk(2)]:
+        (qv, qi), (tv, ti) = f(q), f(t)
+        same(qv, tv)
+        assert torch.equal(qi, ti)
+
+
+@pytest.mark.parametrize("name", ["eq", "ne", "ge", "le", "gt", "lt"])
+def test_comparisons_on_real_values(name):
+    q, t = pair()
+    q2, t2 = pair(scale=0.1, zp=3)
+    for other_q, other_t in [(q2, t2), (0.5, 0.5), (q.dequantize(), t.dequantize())]:
+        got = getattr(q, name)(other_q)
+        assert got.dtype == torch.bool
+        assert torch.equal(got, getattr(t, name)(other_t))
+    a = tq.quantize_per_tensor(torch.tensor([1.0, 2.0]), 0.5, 0, tq.quint8)
+    b = tq.quantize_per_tensor(torch.tensor([1.0, 2.0]), 0.25, 4, tq.quint8)
+    assert bool((a == b).all())  # same real values, different qparams
+    assert not a.equal(b)        # equal() compares representation, as torch
+
+
+def test_equal_semantics():
+    q, t = pair()
+    assert q.equal(q.clone()) and torch.equal(q, q.clone())
+    r, _ = pair(scale=0.06)
+    assert not q.equal(r)
+    assert not q.equal(q.dequantize())
+
+
+def test_copy_semantics_match_torch():
+    q, t = pair()
+    src = torch.randn(4, 6)
+    q.copy_(src)
+    t.copy_(src)
+    same(q, t)                       # float source: re-quantized with self's qparams
+    q2, t2 = pair(scale=0.2, zp=5)
+    q.copy_(q2)
+    t.copy_(t2)
+    same(q, t)                       # quantized source: ints and qparams taken from it
+
+
+def test_resize_():
+    q, t = pair()
+    q.resize_(3, 2)
+    t.resize_(3, 2)
+    assert q.shape == t.shape == (3, 2)
+    assert torch.equal(q.int_repr(), t.int_repr())
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_per_channel_ops(axis):
+    q, t = pair_pc(axis)
+    same(q.clone(), t.clone())
+    same(q.detach(), t.detach())
+    for idx in range(q.shape[axis]):
+        s = q.select(axis, idx)
+        assert s.qscheme() == tq.per_tensor_affine
+        same(s, t.select(axis, idx))
+    other = 1 - axis
+    sel = q.select(other, 1)
+    assert sel.q_per_channel_axis() == 0
+    assert torch.equal(sel.dequantize(), t.dequantize().select(other, 1))
+    tr = q.transpose(0, 1)
+    assert tr.q_per_channel_axis() == 1 - axis
+    assert torch.equal(tr.dequantize(), t.dequantize().transpose(0, 1))
+    v = q.unsqueeze(0)
+    assert v.q_per_channel_axis() == axis + 1
+    assert torch.equal(v.dequantize(), t.dequantize().unsqueeze(0))
+    sl = q.narrow(axis, 1, 2)
+    assert torch.equal(sl.dequantize(), t.dequantize().narrow(axis, 1, 2))
+    assert torch.equal(sl.q_per_channel_scales(), t.q_per_channel_scales()[1:3])
+    assert torch.equal(q == t.dequantize(), t == t.dequantize())
+
+
+def test_per_channel_view_keeps_channel_axis():
+    q, t = pair_pc(0, shape=(4, 2, 3))
+    v = q.view(4, 6)
+    assert v.q_per_channel_axis() == 0
+    assert torch.equal(v.dequantize(), t.dequantize().view(4, 6))
+    with pytest.raises(RuntimeError, match="channel dimension"):
+        q.view(2, 12)
+    with pytest.raises(RuntimeError, match="per-tensor"):
+        q.as_strided((2, 2), (1, 1))
+    with pytest.raises(NotImplementedError):
+        q.max()
+
+
+def test_sub_byte_ops():
+    x = torch.rand(3, 5)
+    q = tq.quantize_per_tensor(x, 0.1, 2, tq.quint4x2)
+    t = torch.quantize_per_tensor(x, 0.1, 2, torch.quint4x2)
+    assert torch.equal(q.clone().int_repr(), t.int_repr())
+    assert torch.equal(q.t().dequantize(), t.dequantize().t())
+    assert torch.equal(q[1].dequantize(), t.dequantize()[1])
+    assert q.view(15).int_repr().numel() == 8
+
+
+def test_unsupported_ops_raise_naming_op():
+    q, _ = pair()
+    for f, name in [(lambda: q + q, "add"), (lambda: q * 2, "mul"), (lambda: q.sum(), "sum"),
+                    (lambda: q.to(torch.float32), "cannot be cast"), (lambda: torch.exp(q), "exp")]:
+        with pytest.raises(NotImplementedError, match=name):
+            f()
+    with pytest.raises(NotImplementedError, match="dequantize"):
+        q.float()
+
+
+def test_dequantize_function_and_lists():
+    q, t = pair()
+    x = torch.randn(3)
+    assert tq.dequantize(x) is x
+    a, b = tq.dequantize([q, q])
+    assert torch.equal(a, t.dequantize()) and torch.equal(b, t.dequantize())
+    assert torch.equal(torch.dequantize(q), t.dequantize())
+    qs = tq.quantize_per_tensor([torch.randn(3), torch.randn(2)], torch.tensor([0.1, 0.2]),
+                                torch.tensor([1, 2]), tq.quint8)
+    assert len(qs) == 2 and qs[1].q_scale() == pytest.approx(0.2)
+
+
+def test_cat_requantizes_to_first_inputs_qparams():
+    a, ta = pair(scale=0.05, zp=10)
+    b, tb = pair(scale=0.1, zp=3)
+    got = torch.cat([a, b])
+    assert got.q_scale() == 0.05 and got.q_zero_point() == 10
+    expected = torch.cat([a.dequantize(), tq.quantize_per_tensor(b.dequantize(), 0.05, 10,
+                                                                  tq.quint8).dequantize()])
+    assert torch.equal(got.dequantize(), expected)
+
+
+def test_from_int_validates():
+    ints = torch.randint(0, 255, (3, 4), dtype=torch.uint8)
+    q = QTensor.from_int(ints, 0.1, 3, tq.quint8)
+    assert q.int_data is ints and torch.equal(q.int_repr(), ints)
+    with pytest.raises(TypeError, match="dtype"):
+        QTensor.from_int(ints.to(torch.int8), 0.1, 3, tq.quint8)
+    with pytest.raises(ValueError, match="zero_point"):
+        QTensor.from_int(ints, 0.1, 300, tq.quint8)
+    q4 = QTensor.from_int(torch.tensor([1, 2, 3], dtype=torch.uint8), 0.5, 0, tq.quint4x2)
+    assert q4.int_repr().tolist() == [33, 3] and q4.shape == (3,)
+
+
+def _roundtrip(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def test_save_load_weights_only_and_deepcopy():
+    q, _ = pair()
+    qc, _ = pair_pc(1)
+    qf = tq.quantize_per_channel(torch.randn(3, 4), torch.rand(3) + 0.1, torch.rand(3), 0, tq.quint8)
+    q4 = tq.quantize_per_tensor(torch.rand(3, 3), 0.1, 1, tq.quint4x2)
+    q32 = tq.quantize_per_tensor(torch.randn(5), 0.001, 7, tq.qint32)
+    objs = {"q": q, "qc": qc, "qf": qf, "q4": q4, "q32": q32, "dtype": tq.qint8,
+            "scheme": tq.per_channel_symmetric}
+    loaded = _roundtrip(objs)
+    for k in ["q", "qc", "qf", "q4", "q32"]:
+        assert isinstance(loaded[k], QTensor) and loaded[k].equal(objs[k]), k
+        assert loaded[k].shape == objs[k].shape
+        assert copy.deepcopy(objs[k]).equal(objs[k])
+    assert loaded["dtype"] is tq.qint8 and loaded["scheme"] is tq.per_channel_symmetric
+
+
+def test_compile_and_export_dequantize():
+    q, t = pair()
+    qc, tc = pair_pc(1)
+    f = torch.compile(lambda a: a.dequantize() * 2 + 1, fullgraph=True, backend="aot_eager")
+    assert torch.equal(f(q), t.dequantize() * 2 + 1)
+    g = torch.compile(lambda a: torch.dequantize(a).sum(0), fullgraph=True, backend="aot_eager")
+    assert torch.equal(g(qc), tc.dequantize().sum(0))
+
+    class M(torch.nn.Module):
+        def forward(self, a):
+            return a.dequantize().relu()
+
+    ep = torch.export.export(M(), (q,))
+    assert torch.equal(ep.module()(q), t.dequantize().relu())

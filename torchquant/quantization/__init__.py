@@ -1,0 +1,1 @@
+"""``torchquant.quantization`` — the ``torch.ao.quantization`` API on plain integer tensors."""
