@@ -1,0 +1,1 @@
+"""``torchquant.nn``: quantized, QAT, fused and quantizable modules (as ``torch.ao.nn``)."""

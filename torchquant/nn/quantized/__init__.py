@@ -1,0 +1,1 @@
+"""``torchquant.nn.quantized``: static quantized modules on QTensors (as ``torch.ao.nn.quantized``)."""

@@ -1,0 +1,1 @@
+"""Static quantized module implementations, one concept per file."""
