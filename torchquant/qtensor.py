@@ -218,6 +218,15 @@ class QTensor(torch.Tensor):
 def _normalise_qparams(scale: Any, zero_point: Any, qdtype: QDType, axis: Optional[int],
                        shape: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     if axis is None:
+        if isinstance(scale, (int, float)) and isinstance(zero_point, int):
+            # Plain numbers: validate in Python (a per-call hot path for small tensors).
+            if not (math.isfinite(scale) and scale > 0):
+                raise ValueError(f"scale must be positive and finite, got [{scale}]")
+            if not qdtype.qmin <= zero_point <= qdtype.qmax:
+                raise ValueError(f"zero_point must lie in [{qdtype.qmin}, {qdtype.qmax}] for "
+                                 f"{qdtype!r}, got [{zero_point}]")
+            return (torch.tensor(float(scale), dtype=torch.float64),
+                    torch.tensor(zero_point, dtype=torch.int64))
         scale_t = torch.as_tensor(scale, dtype=torch.float64).detach().clone().cpu()
         if scale_t.numel() != 1:
             raise ValueError(f"per-tensor scale must be a single number, got {scale_t.numel()} values")

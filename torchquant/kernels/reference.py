@@ -29,7 +29,7 @@ def quantize_formula(x: torch.Tensor, inv: torch.Tensor, zp: torch.Tensor, qmin:
     else:
         raise ValueError(f"unknown rounding mode {mode!r}")
     # NaN has no integer image; torchquant maps it to the zero point (a documented safe value).
-    y = torch.where(torch.isnan(y), zp.expand_as(y) if zp.dim() else zp, y)
+    y = torch.where(torch.isnan(y), zp, y)
     if storage_dtype == torch.int32:
         y = y.to(torch.float64)  # 2**31 - 1 is not a float32: clamp where it is representable
     return torch.clamp(y, qmin, qmax).to(storage_dtype)
