@@ -17,6 +17,8 @@ call site names the mode torch uses there.
 """
 from __future__ import annotations
 
+import math
+import struct
 import warnings
 from typing import Any, Optional
 
@@ -28,9 +30,12 @@ from .dtypes import QDType, QScheme
 __all__ = [
     "FMA", "MUL_ADD", "ROUND_ADD",
     "FP32_EPS", "calculate_qmin_qmax", "validate_qmin_qmax", "check_min_max_valid",
-    "choose_qparams", "choose_qparams_aten", "quantize_int", "dequantize_int",
-    "fake_quantize", "pack_sub_byte", "unpack_sub_byte", "inv_scale_f32",
+    "choose_qparams", "choose_block_qparams", "choose_qparams_aten",
+    "quantize_int", "dequantize_int",
+    "fake_quantize", "fake_quantize_learnable", "pack_sub_byte", "unpack_sub_byte", "inv_scale_f32",
     "check_scale", "check_zero_point", "quantize_mode",
+    "choose_qparams_aten_scalar", "requantize",
+    "dequantize_int_premul", "quantize_with_multiplier", "quantize_float64", "quantize_scalar",
 ]
 
 FMA, MUL_ADD, ROUND_ADD = "fma", "mul_add", "round_add"
@@ -155,9 +160,58 @@ def choose_qparams(min_val: torch.Tensor, max_val: torch.Tensor, quant_min: int,
     return scale, zero_point
 
 
+def choose_block_qparams(min_val: torch.Tensor, max_val: torch.Tensor, mapping_type: str,
+                         quant_min: int, quant_max: int, eps: float, preserve_zero: bool = True,
+                         zero_point_domain: str = "INT"
+                         ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """torchao's rule for (scale, zero_point) from per-block min/max (any shape, element-wise).
+
+    ``mapping_type`` is ``"SYMMETRIC"``, ``"SYMMETRIC_NO_CLIPPING_ERR"`` or ``"ASYMMETRIC"``;
+    ``zero_point_domain`` is ``"INT"``, ``"FLOAT"`` or ``"NONE"`` (zero_point ``None``).  It
+    differs from the observer rule (:func:`choose_qparams`): the symmetric zero point is
+    ``int((qmax + qmin + 1) / 2)`` whatever the dtype, the scale is clamped to ``eps`` after the
+    zero point is chosen, and zero points stay floating (callers cast them).
+    """
+    if preserve_zero:
+        min_neg = torch.minimum(min_val, torch.zeros_like(min_val))
+        max_pos = torch.maximum(max_val, torch.zeros_like(max_val))
+    else:
+        min_neg, max_pos = min_val, max_val
+    if mapping_type in ("SYMMETRIC", "SYMMETRIC_NO_CLIPPING_ERR"):
+        if not preserve_zero:
+            raise ValueError("preserve_zero=False is not supported for symmetric mappings")
+        if zero_point_domain == "FLOAT":
+            raise ValueError("symmetric mappings need zero_point_domain INT or NONE, got FLOAT")
+        if mapping_type == "SYMMETRIC":
+            scale = torch.maximum(-min_neg, max_pos) / (float(quant_max - quant_min) / 2)
+        else:
+            from_min = min_neg / float(quant_min)
+            from_max = max_pos / float(quant_max)
+            scale = torch.where(from_min > from_max, from_min, from_max)
+        zero_point = (None if zero_point_domain == "NONE"
+                      else torch.full_like(scale, int((quant_max + quant_min + 1) / 2)))
+        return torch.clamp(scale, min=eps), zero_point
+    if mapping_type != "ASYMMETRIC":
+        raise ValueError(f"unknown mapping_type {mapping_type!r}")
+    scale = torch.clamp((max_pos - min_neg) / float(quant_max - quant_min), min=eps)
+    if zero_point_domain == "NONE":
+        return scale, None
+    if preserve_zero:
+        if zero_point_domain != "INT":
+            raise ValueError("preserve_zero=True needs zero_point_domain INT or NONE, "
+                             f"got {zero_point_domain}")
+        zero_point = torch.clamp(quant_min - torch.round(min_neg / scale), quant_min, quant_max)
+        return scale, zero_point
+    if zero_point_domain != "FLOAT":
+        raise ValueError("preserve_zero=False needs zero_point_domain FLOAT or NONE, "
+                         f"got {zero_point_domain}")
+    return scale, min_neg + scale * ((quant_max + quant_min + 1) / 2)
+
+
 def choose_qparams_aten(min_val: torch.Tensor, max_val: torch.Tensor, qmin: int, qmax: int,
                         preserve_sparsity: bool = False,
-                        reduce_range: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                        reduce_range: bool = False,
+                        fbgemm: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """ATen's ``ChooseQuantizationParams`` vectorised over channels.
 
     Used by the fused moving-average fake-quant and by dynamic quantization. It differs from
@@ -165,6 +219,12 @@ def choose_qparams_aten(min_val: torch.Tensor, max_val: torch.Tensor, qmin: int,
     floored at 6.1e-5 and zero points come from whichever end loses less.  float32 variables of
     the C++ code are kept float32 here, double ones float64.  Returns (float32 scale, int64 zp)
     with the shape of ``min_val``.
+
+    Two C++ copies of the routine exist and they differ on zero-point rounding ties (measured):
+    the default is ATen's ``quant_utils`` one (dynamic quantization), which keeps the scale in
+    double and compares the end errors as ``|q| - |r/scale|``.  ``fbgemm=True`` is fbgemm's (what
+    ``fused_moving_avg_obs_fake_quant`` calls on x86): the scale is float32 from the start and
+    the errors are ``|q| + |r/scale|``.
     """
     if reduce_range:
         qmin, qmax = qmin // 2, qmax // 2
@@ -187,6 +247,8 @@ def choose_qparams_aten(min_val: torch.Tensor, max_val: torch.Tensor, qmin: int,
     scale_f = scale.float()
     degenerate = (scale_f == 0) | torch.isinf(1.0 / scale_f)
     scale = torch.where(degenerate, torch.full_like(scale, 0.1), scale)
+    if fbgemm:
+        scale = scale.float().double()
     small = scale < SMALL_SCALE_THRESHOLD
     if bool(small.any()):
         thr = torch.tensor(SMALL_SCALE_THRESHOLD, dtype=torch.float32)
@@ -200,8 +262,9 @@ def choose_qparams_aten(min_val: torch.Tensor, max_val: torch.Tensor, qmin: int,
     mnd, mxd = mn.double(), mx.double()
     zp_from_min = qmin - mnd / scale
     zp_from_max = qmax - mxd / scale
-    err_min = abs(qmin) - (mnd / scale).abs()
-    err_max = abs(qmax) - (mxd / scale).abs()
+    end_error_sign = 1.0 if fbgemm else -1.0
+    err_min = abs(qmin) + end_error_sign * (mnd / scale).abs()
+    err_max = abs(qmax) + end_error_sign * (mxd / scale).abs()
     zp = torch.where(err_min < err_max, zp_from_min, zp_from_max)
     if preserve_sparsity:
         zp = torch.where(straddles, torch.full_like(zp, (qmin + qmax) / 2), zp)
@@ -252,8 +315,9 @@ def quantize_int(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
                  mode: str = FMA) -> torch.Tensor:
     """Quantize ``x`` to integers of ``storage_dtype`` (unpacked).
 
-    ``scale``/``zero_point`` are 0-d (per tensor) or 1-d along ``axis``.  A floating zero_point
-    means the float-qparams scheme (``nearbyint(x * inv + zp)``).
+    ``scale``/``zero_point`` are 0-d (per tensor) or 1-d along ``axis``; with ``axis=None`` they
+    may also have any shape that broadcasts against ``x`` (block-wise qparams).  A floating
+    zero_point means the float-qparams scheme (``nearbyint(x * inv + zp)``).
     """
     from . import kernels
     inv = _broadcast(inv_scale_f32(scale), x.dim(), axis)
@@ -268,11 +332,26 @@ def quantize_int(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
 
 def dequantize_int(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
                    axis: Optional[int] = None) -> torch.Tensor:
-    """``(q - zp) * scale`` as float32; per-channel integer zero points compute in float64 as torch does."""
+    """``(q - zp) * scale`` as float32; per-channel integer zero points compute in float64 as torch does.
+
+    With ``axis=None``, ``scale``/``zero_point`` may have any shape that broadcasts against ``q``.
+    """
     from . import kernels
     fn = kernels.get("dequantize", q, per_channel=axis is not None)
     return fn(q, _broadcast(scale, q.dim(), axis), _broadcast(zero_point, q.dim(), axis),
               axis is not None)
+
+
+def _fake_quantize_float_qparams(x: torch.Tensor, inv: torch.Tensor, scale: torch.Tensor,
+                                 zp: torch.Tensor, qmin: int,
+                                 qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float zero points (embeddings), measured against torch's per-channel kernel:
+    ``q = nearbyint(fma(x, inv, zp))`` and ``out = float32(double(clamp(q) - zp) * scale)`` --
+    the subtraction is not exact in float32 when ``zp`` is fractional."""
+    q = torch.round(torch.addcmul(zp, x, inv))
+    mask = (q >= qmin) & (q <= qmax)
+    out = (torch.clamp(q, qmin, qmax).double() - zp.double()) * scale.double()
+    return out.to(x.dtype), mask
 
 
 class _FakeQuantizeSTE(torch.autograd.Function):
@@ -285,10 +364,11 @@ class _FakeQuantizeSTE(torch.autograd.Function):
         sc = _broadcast(scale.to(torch.float32), x.dim(), axis)
         if zero_point.dtype.is_floating_point:
             zp = _broadcast(zero_point.to(torch.float32), x.dim(), axis)
+            out, mask = _fake_quantize_float_qparams(x, inv, sc, zp, qmin, qmax)
         else:
             zp = _broadcast(zero_point.to(torch.float32).round(), x.dim(), axis)
-        fn = kernels.get("fake_quantize", x)
-        out, mask = fn(x, inv, sc, zp, qmin, qmax)
+            fn = kernels.get("fake_quantize", x)
+            out, mask = fn(x, inv, sc, zp, qmin, qmax)
         ctx.save_for_backward(mask)
         return out
 
@@ -313,6 +393,71 @@ def fake_quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor
             raise ValueError(f"fake_quantize: {scale.numel()} scales / {zero_point.numel()} zero "
                              f"points for {x.size(axis)} channels along axis {axis}")
     return _FakeQuantizeSTE.apply(x, scale, zero_point, qmin, qmax, axis)
+
+
+class _LearnableFakeQuantize(torch.autograd.Function):
+    """Fake-quantize whose scale and zero point get gradients (LSQ, torch's learnable op).
+
+    Measured against torch: the forward is the plain fake-quantize with the zero point rounded
+    half-even and clamped; the backward recomputes ``q = nearbyint(fma(x, inv, zp))`` with the
+    zero point re-derived as ``trunc(clamp(zp + 0.5))`` per tensor (``round().clamp()`` per
+    channel) and fuses ``(q_clamped - zp) * scale - x`` into one fma.
+    """
+
+    @staticmethod
+    def forward(ctx, x, scale, zero_point, qmin, qmax, axis, grad_factor):
+        scale = scale.detach().to(torch.float32)
+        zero_point = zero_point.detach().to(torch.float32)
+        rounded_zp = torch.clamp(torch.round(zero_point), qmin, qmax)
+        backward_zp = rounded_zp if axis is not None else torch.clamp(zero_point + 0.5, qmin, qmax).trunc()
+        ctx.save_for_backward(x, scale, backward_zp)
+        ctx.qrange, ctx.axis, ctx.grad_factor = (qmin, qmax), axis, grad_factor
+        return fake_quantize(x.detach(), scale, rounded_zp.to(torch.int32), qmin, qmax, axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, scale, zero_point = ctx.saved_tensors
+        (qmin, qmax), axis, grad_factor = ctx.qrange, ctx.axis, ctx.grad_factor
+        sc = _broadcast(scale, x.dim(), axis)
+        inv = _broadcast(inv_scale_f32(scale), x.dim(), axis)
+        zp = _broadcast(zero_point, x.dim(), axis)
+        q = torch.round(torch.addcmul(zp, x, inv))
+        inside = (q >= qmin) & (q <= qmax)
+        grad_x = grad * inside
+        rounding_error = torch.addcmul(-x, torch.clamp(q, qmin, qmax) - zp, sc)
+        clipped_grad_scale = torch.where(q < qmin, grad * (qmin - zp), grad * (qmax - zp))
+        grad_scale = torch.where(inside, grad * rounding_error * inv * grad_factor,
+                                 clipped_grad_scale * grad_factor)
+        grad_zp = torch.where(inside, torch.zeros_like(grad), grad * (-1) * sc * grad_factor)
+        if axis is None:
+            grad_scale = grad_scale.sum().reshape(scale.shape)
+            grad_zp = grad_zp.sum().reshape(zero_point.shape)
+        else:
+            dims = [d for d in range(x.dim()) if d != axis]
+            grad_scale, grad_zp = grad_scale.sum(dims), grad_zp.sum(dims)
+        return grad_x, grad_scale, grad_zp, None, None, None, None
+
+
+def fake_quantize_learnable(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                            qmin: int, qmax: int, axis: Optional[int] = None,
+                            grad_factor: float = 1.0) -> torch.Tensor:
+    """Fake-quantize with gradients for ``x``, ``scale`` and the float ``zero_point``.
+
+    ``grad_factor`` scales the scale / zero-point gradients (LSQ's gradient normalisation).
+    Inside the range ``d/dscale = (fq(x) - x) / scale``; below / above it ``qmin - zp`` /
+    ``qmax - zp``; ``d/dzp = -scale`` outside the range and 0 inside.
+    """
+    if x.dtype != torch.float32:
+        raise TypeError(f"fake_quantize_learnable expects a float32 input, got {x.dtype}")
+    if qmin > qmax:
+        raise ValueError(f"quant_min ({qmin}) must not exceed quant_max ({qmax})")
+    if axis is not None:
+        axis = axis % x.dim()
+        if scale.numel() != x.size(axis) or zero_point.numel() != x.size(axis):
+            raise ValueError(f"fake_quantize_learnable: {scale.numel()} scales / "
+                             f"{zero_point.numel()} zero points for {x.size(axis)} channels "
+                             f"along axis {axis}")
+    return _LearnableFakeQuantize.apply(x, scale, zero_point, qmin, qmax, axis, float(grad_factor))
 
 
 # --------------------------------------------------------------------------------------------
@@ -350,3 +495,135 @@ def quantize_mode(qdtype: QDType, per_channel: bool) -> str:
     if per_channel or qdtype.bits == 32:
         return MUL_ADD
     return FMA
+
+
+# --------------------------------------------------------------------------------------------
+# Per-call forms for the int8 kernels (scalar qparams, accumulator requantization)
+# --------------------------------------------------------------------------------------------
+
+def _f32(value: float) -> float:
+    """``value`` rounded to float32 (inf where float32 overflows), as a Python float."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def choose_qparams_aten_scalar(min_val: float, max_val: float, qmin: int, qmax: int,
+                               preserve_sparsity: bool = False,
+                               reduce_range: bool = False) -> tuple[float, int]:
+    """:func:`choose_qparams_aten` for one (min, max) pair of Python floats.
+
+    Dynamic quantization picks activation qparams on every call; the tensor version costs ~40
+    tiny tensor ops, this one a few microseconds of Python.  Same arithmetic step for step
+    (float32 steps emulated with :func:`_f32`), so the results are identical (tested); returns
+    (scale as a float32 value, zero_point).
+    """
+    if reduce_range:
+        qmin, qmax = qmin // 2, qmax // 2
+    mn, mx = _f32(float(min_val)), _f32(float(max_val))
+    if not (math.isfinite(mn) and math.isfinite(mx)):
+        raise ValueError(f"choose_qparams: min {mn} and max {mx} must be finite")
+    if mn > mx:
+        raise ValueError(f"choose_qparams: min {mn} must not exceed max {mx}")
+    straddles = preserve_sparsity and mn < 0 < mx
+    if straddles:
+        sym_qmin = -((qmax - qmin) // 2 + 1)
+        sym_qmax = (qmax - qmin) // 2
+        max_scale = max(abs(_f32(mn / sym_qmin)), abs(_f32(mx / sym_qmax)))
+        mn, mx = _f32(max_scale * sym_qmin), _f32(max_scale * sym_qmax)
+    mn, mx = min(mn, 0.0), max(mx, 0.0)
+    scale = (mx - mn) / (qmax - qmin)
+    scale_f = _f32(scale)
+    if scale_f == 0 or math.isinf(_f32(1.0 / scale_f)):
+        scale = 0.1
+    if scale < SMALL_SCALE_THRESHOLD:
+        thr = _f32(SMALL_SCALE_THRESHOLD)
+        amplifier = _f32(thr / _f32(scale))
+        if mn == 0:
+            mx = _f32(thr * (qmax - qmin))
+        elif mx == 0:
+            mn = _f32(-thr * (qmax - qmin))
+        else:
+            mn, mx = _f32(mn * amplifier), _f32(mx * amplifier)
+        scale = thr
+    err_min = abs(qmin) - abs(mn / scale)
+    err_max = abs(qmax) - abs(mx / scale)
+    zp = qmin - mn / scale if err_min < err_max else qmax - mx / scale
+    if straddles:
+        zp = (qmin + qmax) / 2
+    zero_point = qmin if zp < qmin else qmax if zp > qmax else int(round(zp))
+    return _f32(scale), zero_point
+
+
+def requantize(acc: torch.Tensor, multiplier: torch.Tensor, offset: torch.Tensor, qmin: int,
+               qmax: int, storage_dtype: torch.dtype) -> torch.Tensor:
+    """Map an integer accumulator onto an output grid: ``clamp(nearbyint(acc * m + offset))``.
+
+    The epilogue of the int8 GEMM kernels.  With ``m = x_scale * w_scale / out_scale`` and
+    ``offset = bias / out_scale + out_zero_point`` (plus any zero-point correction) it folds
+    "dequantize the accumulator, then quantize" into one multiply-add, so it can differ from
+    quantizing the float result by one step where that sits within float rounding of a tie.
+    """
+    y = torch.addcmul(offset, acc, multiplier)
+    return torch.clamp_(y.round_(), qmin, qmax).to(storage_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Forms used inside torch's quantized operator kernels (activations, pooling, add, ...)
+# --------------------------------------------------------------------------------------------
+
+def dequantize_int_premul(q: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
+    """``fma(scale, float(q), -zero_point * scale)`` in float32: how torch's SIMD operator
+    kernels dequantize (the product ``-zp * scale`` is rounded to float32 first).  It can
+    differ from :func:`dequantize_int` by an ulp, which moves results that sit on a rounding
+    tie.  ``torch.addcmul`` computes the fused multiply-add on CPU (tested)."""
+    scale_f = torch.tensor(scale, dtype=torch.float32, device=q.device)
+    premul = scale_f * torch.tensor(-float(zero_point), dtype=torch.float32, device=q.device)
+    return torch.addcmul(premul, q.to(torch.float32), scale_f)
+
+
+def quantize_with_multiplier(x: torch.Tensor, multiplier: Any, zero_point: Any, qmin: int,
+                             qmax: int, storage_dtype: torch.dtype,
+                             mode: str = ROUND_ADD) -> torch.Tensor:
+    """Quantize ``x`` with a float32 ``multiplier`` standing in for ``1 / scale``.
+
+    torch's operator kernels requantize with a multiplier they compute themselves (for example
+    ``in_scale * out_inv_scale``, or ``1 / pool_size``), which need not be the float32 reciprocal
+    of any scale; ``mode`` is one of FMA / MUL_ADD / ROUND_ADD as in :func:`quantize_int`.  Both
+    ``multiplier`` and ``zero_point`` broadcast against ``x``."""
+    from . import kernels
+    inv = torch.as_tensor(multiplier, dtype=torch.float32, device=x.device)
+    zp = torch.as_tensor(zero_point, device=x.device).to(torch.float32)
+    fn = kernels.get("quantize", x, mode=mode, per_channel=False)
+    return fn(x.to(torch.float32), inv, zp, qmin, qmax, storage_dtype, mode)
+
+
+def quantize_float64(x: torch.Tensor, scale: float, zero_point: int, qmin: int, qmax: int,
+                     storage_dtype: torch.dtype) -> torch.Tensor:
+    """``clamp(nearbyint(x / scale + zero_point))`` computed in float64 (division, not the
+    float32 reciprocal), for kernels whose requantization does not round in float32 (torch's
+    quantized bilinear upsampling)."""
+    y = torch.round(x.to(torch.float64) / scale + zero_point)
+    y = torch.where(torch.isnan(y), torch.full_like(y, zero_point), y)
+    return torch.clamp(y, qmin, qmax).to(storage_dtype)
+
+
+def quantize_scalar(value: float, scale: float, zero_point: int, qmin: int, qmax: int,
+                    mode: str = MUL_ADD) -> int:
+    """:func:`quantize_int` of one Python float, in Python (float32 steps emulated exactly):
+    for the bounds and constants that kernels quantize once per call."""
+    inv = _f32(1.0 / _f32(scale))
+    product = _f32(_f32(value) * inv)
+    if mode == ROUND_ADD:
+        y = round(product) + zero_point if math.isfinite(product) else product
+    elif mode == MUL_ADD:
+        y = round(_f32(product + zero_point)) if math.isfinite(product) else product
+    elif mode == FMA:
+        y = _f32(_f32(value) * inv + zero_point)
+        y = round(y) if math.isfinite(y) else y
+    else:
+        raise ValueError(f"unknown rounding mode {mode!r}")
+    if math.isnan(y):
+        return int(zero_point)
+    return int(min(max(y, qmin), qmax))

@@ -103,4 +103,4 @@ def _ensure_loaded() -> None:
     global _LOADED
     if not _LOADED:
         _LOADED = True
-        from . import reference, cpu_compiled  # noqa: F401  (registration side effects)
+        from . import reference, cpu_compiled, linear, conv  # noqa: F401  (registration side effects)

@@ -1,0 +1,250 @@
+"""Int8 convolution kernels (1d / 2d / 3d, static): weight prepacking and the quantized conv.
+
+* ``onednn`` -- ``torch.ops.onednn.qconv_pointwise`` on a weight blocked once by
+  ``qconv_prepack``: u8 activations with their zero point, s8 symmetric weights, per-channel
+  requantization and ReLU fused.  It accepts NCHW or channels-last input and returns a tensor
+  of the logical ``[N, C, *spatial]`` shape in channels-last memory format (what torch's x86
+  quantized conv returns too): feeding it to the next conv skips a layout conversion.
+* ``reference`` -- dequantize, float ``conv``, quantize (the numerics contract); contiguous
+  output.  Also the only path for transposed convolution, for asymmetric weights, and where
+  oneDNN is missing (non-x86 builds, CUDA).
+
+The packed weight remembers the geometry it was blocked for; calls must use the same one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+
+from . import get, register
+from .. import affine
+from .. import dtypes as _dt
+from .linear import (Scalar, activation_qdtype, check_bias, check_weight_qparams,
+                     onednn_available, per_channel_view, validated_qparams)
+
+__all__ = ["PackedConvWeight", "pack_conv_weight", "quantized_conv", "quantized_conv_transpose"]
+
+IntOrTuple = Union[int, Sequence[int]]
+_FLOAT_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_FLOAT_CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+
+def _ntuple(value: IntOrTuple, n: int, what: str, minimum: int) -> tuple[int, ...]:
+    values = (value,) * n if isinstance(value, int) else tuple(int(v) for v in value)
+    if len(values) == 1 and n > 1:
+        values = values * n
+    if len(values) != n or any(v < minimum for v in values):
+        raise ValueError(f"{what} must be {n} integer(s) >= {minimum}, got {value}")
+    return values
+
+
+@dataclass(frozen=True, eq=False)
+class PackedConvWeight:
+    """An int8 conv weight with its geometry, blocked for oneDNN once.
+
+    ``weight`` is the plain int8 tensor, ``[out, in / groups, *kernel]`` (transposed:
+    ``[in, out / groups, *kernel]``), with ``weight_scale`` / ``weight_zero_point`` as given
+    (0-d per tensor, 1-d per channel along ``axis``).  ``channel_scale`` / ``channel_zero_point``
+    are the per-output-channel expansions the oneDNN kernel takes.  Pickling / deepcopy repack
+    from the plain fields.
+    """
+
+    weight: torch.Tensor
+    weight_scale: torch.Tensor
+    weight_zero_point: torch.Tensor
+    axis: Optional[int]
+    bias: Optional[torch.Tensor]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+    transposed: bool
+    output_padding: tuple[int, ...]
+    channel_scale: Optional[torch.Tensor]
+    channel_zero_point: Optional[torch.Tensor]
+    onednn_weight: Optional[torch.Tensor]
+
+    @property
+    def spatial_dims(self) -> int:
+        return self.weight.dim() - 2
+
+    @property
+    def in_channels(self) -> int:
+        return self.weight.size(0) if self.transposed else self.weight.size(1) * self.groups
+
+    @property
+    def out_channels(self) -> int:
+        return self.weight.size(1) * self.groups if self.transposed else self.weight.size(0)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return affine.dequantize_int(self.weight, self.weight_scale, self.weight_zero_point,
+                                     self.axis)
+
+    def to(self, device: Union[str, torch.device]) -> "PackedConvWeight":
+        """The same weight packed for ``device``."""
+        args = list(self._pack_args())
+        args[0] = self.weight.to(device)
+        args[4] = None if self.bias is None else self.bias.to(device)
+        return pack_conv_weight(*args)
+
+    def _pack_args(self) -> tuple:
+        return (self.weight, self.weight_scale, self.weight_zero_point, self.axis, self.bias,
+                self.stride, self.padding, self.dilation, self.groups, self.transposed,
+                self.output_padding)
+
+    def __reduce__(self):
+        return (pack_conv_weight, self._pack_args())
+
+
+def pack_conv_weight(weight: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                     axis: Optional[int], bias: Optional[torch.Tensor], stride: IntOrTuple = 1,
+                     padding: IntOrTuple = 0, dilation: IntOrTuple = 1, groups: int = 1,
+                     transposed: bool = False,
+                     output_padding: IntOrTuple = 0) -> PackedConvWeight:
+    """Pack an int8 conv weight (per-tensor ``axis=None`` or per-channel) for this geometry.
+
+    Per-channel axis: 0 for a conv; 0 or 1 for a transposed conv (torch quantizes those along
+    1, the output channels).  Only symmetric non-transposed weights get a oneDNN copy.
+    """
+    op = "pack_conv_weight"
+    if not isinstance(weight, torch.Tensor) or type(weight) is not torch.Tensor:
+        raise TypeError(f"{op}: weight must be a plain int8 tensor (QTensor: pass .int_data), "
+                        f"got {type(weight).__name__}")
+    n = weight.dim() - 2
+    if n not in _FLOAT_CONV:
+        raise ValueError(f"{op}: weight must be 3-D, 4-D or 5-D [out, in/groups, *kernel], got "
+                         f"shape {tuple(weight.shape)}")
+    if axis not in ((None, 0, 1) if transposed else (None, 0)):
+        raise ValueError(f"{op}: unsupported per-channel axis {axis} for a "
+                         f"{'transposed ' if transposed else ''}conv weight")
+    scale, zero_point = torch.as_tensor(scale), torch.as_tensor(zero_point)
+    check_weight_qparams(weight, scale, zero_point, axis, op)
+    stride = _ntuple(stride, n, "stride", 1)
+    padding = _ntuple(padding, n, "padding", 0)
+    dilation = _ntuple(dilation, n, "dilation", 1)
+    output_padding = _ntuple(output_padding, n, "output_padding", 0)
+    groups = int(groups)
+    grouped_dim = weight.size(0)
+    if groups < 1 or grouped_dim % groups:
+        raise ValueError(f"{op}: groups={groups} must be >= 1 and divide weight.size(0)="
+                         f"{grouped_dim}")
+    weight = weight.detach().contiguous()
+    out_channels = weight.size(1) * groups if transposed else weight.size(0)
+    bias = check_bias(bias, out_channels, op)
+    if bias is not None:
+        bias = bias.to(weight.device)
+    channel_scale = channel_zp = onednn_weight = None
+    if not transposed:
+        channel_scale, channel_zp = per_channel_view(scale, zero_point, out_channels, weight.device)
+        if (not bool(channel_zp.any()) and weight.device.type == "cpu" and onednn_available()
+                and weight.numel()):
+            onednn_weight = torch.ops.onednn.qconv_prepack(
+                weight, channel_scale, 1.0, 0, list(stride), list(padding), list(dilation),
+                groups, None)
+    return PackedConvWeight(weight, scale, zero_point, axis, bias, stride, padding, dilation,
+                            groups, transposed, output_padding, channel_scale, channel_zp,
+                            onednn_weight)
+
+
+def _same_geometry(given: Any, packed_value: Any) -> bool:
+    if isinstance(packed_value, int) or isinstance(given, int):
+        return (given == packed_value if isinstance(packed_value, int)
+                else all(v == given for v in packed_value))
+    given = tuple(given)
+    return given == packed_value or (len(given) == 1 and all(v == given[0] for v in packed_value))
+
+
+def _check_call(x_int: torch.Tensor, packed: PackedConvWeight, op: str,
+                geometry: dict[str, Any]) -> None:
+    activation_qdtype(x_int, op)
+    n = packed.spatial_dims
+    if x_int.dim() != n + 2 or x_int.size(1) != packed.in_channels:
+        raise ValueError(f"{op}: expected a {n + 2}-D input with {packed.in_channels} channels "
+                         f"[N, C, *spatial], got shape {tuple(x_int.shape)}")
+    packed_values = tuple(getattr(packed, name) for name in geometry)
+    if tuple(geometry.values()) == packed_values:  # a module passes what it packed with
+        return
+    for (name, value), packed_value in zip(geometry.items(), packed_values):
+        if not _same_geometry(value, packed_value):
+            raise ValueError(f"{op}: the weight was packed for {name}={packed_value}, "
+                             f"called with {name}={value}")
+
+
+def _qparams(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar, out_scale: Scalar,
+             out_zp: Scalar) -> tuple[Scalar, Scalar, Scalar, Scalar]:
+    return validated_qparams(x_scale, x_zp, activation_qdtype(x_int, "quantized_conv"),
+                             out_scale, out_zp, _dt.quint8)
+
+
+def quantized_conv(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedConvWeight,
+                   stride: IntOrTuple, padding: IntOrTuple, dilation: IntOrTuple, groups: int,
+                   out_scale: Scalar, out_zp: Scalar, relu: bool = False) -> torch.Tensor:
+    """``quantize(conv(x_hat, w_hat, bias), out_scale, out_zp)`` on integers, quint8 output.
+
+    ``x_int`` holds the uint8 (quint8) values of a per-tensor quantized ``[N, C, *spatial]``
+    input (NCHW or channels-last); ``relu`` clamps at the output zero point (fused).
+    """
+    op = "quantized_conv"
+    if packed.transposed:
+        raise ValueError(f"{op}: the weight was packed for a transposed conv; use "
+                         "quantized_conv_transpose")
+    _check_call(x_int, packed, op, {"stride": stride, "padding": padding, "dilation": dilation,
+                                    "groups": groups})
+    x_scale, x_zp, out_scale, out_zp = _qparams(x_int, x_scale, x_zp, out_scale, out_zp)
+    fn = get("quantized_conv", x_int, packed=packed)
+    return fn(x_int, x_scale, x_zp, packed, out_scale, out_zp, relu)
+
+
+def _requantize_float(y: torch.Tensor, out_scale: Scalar, out_zp: Scalar,
+                      relu: bool) -> torch.Tensor:
+    if relu:
+        y = torch.relu(y)
+    return affine.quantize_int(y, torch.as_tensor(out_scale), torch.as_tensor(out_zp),
+                               _dt.quint8.qmin, _dt.quint8.qmax, torch.uint8,
+                               mode=affine.quantize_mode(_dt.quint8, per_channel=False))
+
+
+@register("quantized_conv", "reference")
+def _quantized_conv_reference(x, x_scale, x_zp, packed, out_scale, out_zp, relu):
+    x_hat = affine.dequantize_int(x.contiguous(), torch.as_tensor(x_scale), torch.as_tensor(x_zp))
+    y = _FLOAT_CONV[packed.spatial_dims](x_hat, packed.dequantized_weight(), packed.bias,
+                                         packed.stride, packed.padding, packed.dilation,
+                                         packed.groups)
+    return _requantize_float(y, out_scale, out_zp, relu)
+
+
+@register("quantized_conv", "onednn", devices=("cpu",), available=onednn_available,
+          applies=lambda x, packed, **_: packed.onednn_weight is not None and x.dtype == torch.uint8)
+def _quantized_conv_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, relu):
+    return torch.ops.onednn.qconv_pointwise(
+        x, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
+        packed.channel_zero_point, packed.bias, packed.stride, packed.padding, packed.dilation,
+        packed.groups, float(out_scale), int(out_zp), None, "relu" if relu else "none", [], "")
+
+
+def quantized_conv_transpose(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
+                             packed: PackedConvWeight, stride: IntOrTuple, padding: IntOrTuple,
+                             output_padding: IntOrTuple, dilation: IntOrTuple, groups: int,
+                             out_scale: Scalar, out_zp: Scalar, relu: bool = False) -> torch.Tensor:
+    """Transposed conv, reference only: dequantize, ``conv_transpose``, quantize (quint8)."""
+    op = "quantized_conv_transpose"
+    if not packed.transposed:
+        raise ValueError(f"{op}: the weight was packed for a plain conv (transposed=False)")
+    _check_call(x_int, packed, op, {"stride": stride, "padding": padding,
+                                    "output_padding": output_padding, "dilation": dilation,
+                                    "groups": groups})
+    x_scale, x_zp, out_scale, out_zp = _qparams(x_int, x_scale, x_zp, out_scale, out_zp)
+    fn = get("quantized_conv_transpose", x_int, packed=packed)
+    return fn(x_int, x_scale, x_zp, packed, out_scale, out_zp, relu)
+
+
+@register("quantized_conv_transpose", "reference")
+def _quantized_conv_transpose_reference(x, x_scale, x_zp, packed, out_scale, out_zp, relu):
+    x_hat = affine.dequantize_int(x.contiguous(), torch.as_tensor(x_scale), torch.as_tensor(x_zp))
+    y = _FLOAT_CONV_TRANSPOSE[packed.spatial_dims](
+        x_hat, packed.dequantized_weight(), packed.bias, packed.stride, packed.padding,
+        packed.output_padding, packed.groups, packed.dilation)
+    return _requantize_float(y, out_scale, out_zp, relu)

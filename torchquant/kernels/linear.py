@@ -1,0 +1,443 @@
+"""Int8 Linear kernels: weight prepacking, static, dynamic and per-token dynamic matmuls.
+
+Weights are packed once into a :class:`PackedLinearWeight`; every call then picks a kernel
+through the registry:
+
+* ``onednn`` -- ``torch.ops.onednn.qlinear_pointwise`` on a oneDNN-blocked weight: u8 x s8 with
+  the activation zero point, the requantization (or float output) and ReLU fused.  Fastest
+  once there are a few rows; its fixed per-call cost loses at batch 1.
+* ``int_mm`` -- ``torch._int_mm`` (s8 x s8 -> s32) on the plain weight plus one epilogue;
+  uint8 activations are shifted to int8 (``x ^ 0x80 == x - 128``) and the shift is folded into
+  a per-channel correction.  Wins at one or two rows; also the CUDA path.
+* ``reference`` -- dequantize, float ``linear``, quantize (the numerics contract).
+
+Fast kernels need symmetric weights (all weight zero points 0), which is what every torch
+qconfig produces; asymmetric weights run on the reference.  Static results agree with the
+reference within one output step (float rounding differs near ties).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+from . import get, register
+from .. import affine
+from .. import dtypes as _dt
+
+__all__ = ["PackedLinearWeight", "pack_linear_weight", "quantized_linear", "dynamic_linear",
+           "per_token_dynamic_linear", "onednn_available"]
+
+Scalar = Union[float, int, torch.Tensor]
+
+# Below this many rows ``_int_mm`` + epilogue beats oneDNN's per-call cost (measured, 2 cores:
+# at one row ~0.65x oneDNN's time; from two rows on ``_int_mm`` grows with the rows, oneDNN not).
+ONEDNN_MIN_ROWS = int(os.environ.get("TORCHQUANT_ONEDNN_MIN_ROWS", "2"))
+_UINT8_TO_INT8_SHIFT = 128
+_SIGN_BIT = torch.tensor(-128, dtype=torch.int8)  # x_u8 ^ 0x80 viewed as int8 == x_u8 - 128
+_EPILOGUE_CACHE_SIZE = 8
+
+
+@functools.cache
+def onednn_available() -> bool:
+    """Whether this torch build has oneDNN's quantized linear/conv ops on CPU (asked once: the
+    registry checks it on every call)."""
+    return (torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.onednn, "qlinear_pointwise")
+            and hasattr(torch.ops.onednn, "qconv_pointwise"))
+
+
+# --------------------------------------------------------------------------------------------
+# Argument helpers shared with conv.py
+# --------------------------------------------------------------------------------------------
+
+def as_float(value: Scalar, what: str) -> float:
+    """A positive finite scale as a Python float (0-d / 1-element tensors accepted)."""
+    v = float(value)
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{what} must be positive and finite, got {v}")
+    return v
+
+
+def as_zero_point(value: Scalar, qdtype: _dt.QDType, what: str) -> int:
+    """An integer zero point inside ``qdtype``'s range as a Python int."""
+    v = float(value)
+    if v != int(v) or not qdtype.qmin <= v <= qdtype.qmax:
+        raise ValueError(f"{what} must be an integer in [{qdtype.qmin}, {qdtype.qmax}] for "
+                         f"{qdtype!r}, got {value}")
+    return int(v)
+
+
+def validated_qparams(x_scale: Scalar, x_zero_point: Scalar, x_qdtype: _dt.QDType,
+                      out_scale: Scalar, out_zero_point: Scalar,
+                      out_qdtype: _dt.QDType) -> tuple[Scalar, Scalar, Scalar, Scalar]:
+    """The per-tensor input and output qparams as checked Python numbers (converted once per
+    call).  Under tracing they pass through unchanged: the checks would be data-dependent."""
+    if torch.compiler.is_compiling():
+        return x_scale, x_zero_point, out_scale, out_zero_point
+    return (as_float(x_scale, "x_scale"), as_zero_point(x_zero_point, x_qdtype, "x_zero_point"),
+            as_float(out_scale, "out_scale"),
+            as_zero_point(out_zero_point, out_qdtype, "out_zero_point"))
+
+
+def activation_qdtype(x: torch.Tensor, op: str) -> _dt.QDType:
+    """quint8 for uint8 storage, qint8 for int8; anything else is not a quantized activation."""
+    if x.dtype == torch.uint8:
+        return _dt.quint8
+    if x.dtype == torch.int8:
+        return _dt.qint8
+    raise TypeError(f"{op}: expected the integer (uint8 / int8) values of a quantized input, "
+                    f"got dtype {x.dtype}")
+
+
+def output_qdtype(out_dtype: Any, op: str) -> _dt.QDType:
+    qdtype = _dt.to_qdtype(out_dtype)
+    if qdtype not in (_dt.quint8, _dt.qint8):
+        raise ValueError(f"{op}: out_dtype must be quint8 or qint8, got {qdtype!r}")
+    return qdtype
+
+
+def per_channel_view(scale: torch.Tensor, zero_point: torch.Tensor, channels: int,
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float32 scales, int64 zero points) with one entry per output channel."""
+    return (scale.to(device=device, dtype=torch.float32).reshape(-1).expand(channels).contiguous(),
+            zero_point.to(device=device, dtype=torch.int64).reshape(-1).expand(channels).contiguous())
+
+
+def check_weight_qparams(weight: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                         axis: Optional[int], op: str) -> None:
+    """Per-tensor (0-d / 1-element) or per-channel qparams, valid for qint8."""
+    if weight.dtype != torch.int8:
+        raise TypeError(f"{op}: weight must be an int8 tensor (qint8 values), got {weight.dtype}")
+    expected = 1 if axis is None else weight.size(axis)
+    if scale.numel() != expected or zero_point.numel() != expected:
+        kind = "per-tensor" if axis is None else f"per-channel (axis {axis})"
+        raise ValueError(f"{op}: {kind} weight needs {expected} scale(s) and zero point(s), got "
+                         f"{scale.numel()} and {zero_point.numel()}")
+    affine.check_scale(scale, "weight scale")
+    affine.check_zero_point(zero_point, _dt.qint8, "weight zero_point")
+
+
+def check_bias(bias: Optional[torch.Tensor], channels: int, op: str) -> Optional[torch.Tensor]:
+    """None, or a float32 vector with one entry per output channel."""
+    if bias is None:
+        return None
+    if not isinstance(bias, torch.Tensor) or not bias.dtype.is_floating_point:
+        raise TypeError(f"{op}: bias must be a float tensor or None, got "
+                        f"{getattr(bias, 'dtype', type(bias).__name__)}")
+    if bias.shape != (channels,):
+        raise ValueError(f"{op}: bias must have shape ({channels},), got {tuple(bias.shape)}")
+    return bias.detach().to(torch.float32).contiguous()
+
+
+# --------------------------------------------------------------------------------------------
+# Packed weight
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class PackedLinearWeight:
+    """An int8 Linear weight with everything the kernels need, computed once.
+
+    ``weight`` is the plain int8 ``[out, in]`` tensor (``weight.t()`` is ``_int_mm``'s operand,
+    no copy) with ``weight_scale`` / ``weight_zero_point`` as given (0-d per tensor, 1-d per
+    channel along ``axis`` 0).  Derived: per-channel float32 scales and int64 zero points,
+    the per-channel weight sums (``_int_mm``'s activation zero-point correction) and the
+    oneDNN-blocked copy.  ``requant_epilogues`` caches the static ``_int_mm`` epilogue per
+    (input, output) qparams, which a calibrated model never changes.  Pickling / deepcopy
+    repack from the plain fields (oneDNN tensors have no storage to copy).
+    """
+
+    weight: torch.Tensor
+    weight_scale: torch.Tensor
+    weight_zero_point: torch.Tensor
+    axis: Optional[int]
+    bias: Optional[torch.Tensor]
+    channel_scale: torch.Tensor
+    channel_zero_point: torch.Tensor
+    weight_sum: torch.Tensor
+    symmetric: bool
+    onednn_weight: Optional[torch.Tensor]
+    requant_epilogues: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.size(1)
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.size(0)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return affine.dequantize_int(self.weight, self.weight_scale, self.weight_zero_point,
+                                     self.axis)
+
+    def to(self, device: Union[str, torch.device]) -> "PackedLinearWeight":
+        """The same weight packed for ``device``."""
+        return pack_linear_weight(self.weight.to(device), self.weight_scale, self.weight_zero_point,
+                                  self.axis, None if self.bias is None else self.bias.to(device))
+
+    def __reduce__(self):
+        return (pack_linear_weight, (self.weight, self.weight_scale, self.weight_zero_point,
+                                     self.axis, self.bias))
+
+
+def pack_linear_weight(weight: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                       axis: Optional[int] = None,
+                       bias: Optional[torch.Tensor] = None) -> PackedLinearWeight:
+    """Pack int8 weights ``[out, in]`` with per-tensor (``axis=None``) or per-channel
+    (``axis=0``) qparams and an optional float bias."""
+    op = "pack_linear_weight"
+    if not isinstance(weight, torch.Tensor) or type(weight) is not torch.Tensor:
+        raise TypeError(f"{op}: weight must be a plain int8 tensor (QTensor: pass .int_data), "
+                        f"got {type(weight).__name__}")
+    if weight.dim() != 2:
+        raise ValueError(f"{op}: weight must be 2-D [out_features, in_features], got shape "
+                         f"{tuple(weight.shape)}")
+    if axis not in (None, 0):
+        raise ValueError(f"{op}: per-channel weights must be quantized along axis 0, got {axis}")
+    scale, zero_point = torch.as_tensor(scale), torch.as_tensor(zero_point)
+    check_weight_qparams(weight, scale, zero_point, axis, op)
+    weight = weight.detach().contiguous()
+    n = weight.size(0)
+    bias = check_bias(bias, n, op)
+    if bias is not None:
+        bias = bias.to(weight.device)
+    channel_scale, channel_zp = per_channel_view(scale, zero_point, n, weight.device)
+    symmetric = not bool(channel_zp.any())
+    onednn_weight = None
+    if symmetric and weight.device.type == "cpu" and onednn_available() and weight.numel():
+        onednn_weight = torch.ops.onednn.qlinear_prepack(weight, None)
+    return PackedLinearWeight(weight, scale, zero_point, axis, bias, channel_scale, channel_zp,
+                              weight.sum(1, dtype=torch.int32), symmetric, onednn_weight)
+
+
+def _as_signed(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """int8 values for ``_int_mm`` and the shift subtracted from them (128 for uint8)."""
+    if x.dtype == torch.uint8:
+        return torch.bitwise_xor(x.view(torch.int8), _SIGN_BIT), _UINT8_TO_INT8_SHIFT
+    return x, 0
+
+
+def _int_mm_applies(x: torch.Tensor, packed: PackedLinearWeight, **_: Any) -> bool:
+    if not packed.symmetric or x.device != packed.weight.device:
+        return False
+    if x.device.type == "cuda":  # cuBLASLt's int8 GEMM constraints
+        return x.size(0) > 16 and x.size(1) % 8 == 0 and packed.out_features % 8 == 0
+    return x.size(0) > 0
+
+
+def _onednn_applies(x: torch.Tensor, packed: PackedLinearWeight, **_: Any) -> bool:
+    return (packed.onednn_weight is not None and x.dtype == torch.uint8
+            and x.size(0) >= ONEDNN_MIN_ROWS)
+
+
+# --------------------------------------------------------------------------------------------
+# Static: quantized activations in, requantized activations out
+# --------------------------------------------------------------------------------------------
+
+def quantized_linear(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
+                     packed: PackedLinearWeight, out_scale: Scalar, out_zero_point: Scalar,
+                     out_dtype: Any = _dt.quint8, relu: bool = False) -> torch.Tensor:
+    """``quantize(linear(x_hat, w_hat, bias), out_scale, out_zero_point)`` on integers.
+
+    ``x_int`` holds the uint8 (quint8) or int8 (qint8) values of a per-tensor quantized input
+    ``[..., in_features]``; the result holds ``out_dtype`` values ``[..., out_features]``.
+    ``relu`` clamps at the output zero point (relu before quantizing, fused).
+    """
+    op = "quantized_linear"
+    x_qdtype = activation_qdtype(x_int, op)
+    out_qdtype = output_qdtype(out_dtype, op)
+    if x_int.dim() == 0 or x_int.size(-1) != packed.in_features:
+        raise ValueError(f"{op}: input's last dimension must be in_features="
+                         f"{packed.in_features}, got shape {tuple(x_int.shape)}")
+    qparams = validated_qparams(x_scale, x_zero_point, x_qdtype, out_scale, out_zero_point,
+                                out_qdtype)
+    x2d = x_int.reshape(-1, packed.in_features)
+    fn = get("quantized_linear", x2d, packed=packed, out_qdtype=out_qdtype)
+    x_scale, x_zero_point, out_scale, out_zero_point = qparams
+    y = fn(x2d, x_scale, x_zero_point, packed, out_scale, out_zero_point, out_qdtype, relu)
+    return y.reshape(*x_int.shape[:-1], packed.out_features)
+
+
+@register("quantized_linear", "reference")
+def _quantized_linear_reference(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, relu):
+    x_hat = affine.dequantize_int(x, torch.as_tensor(x_scale), torch.as_tensor(x_zp))
+    y = F.linear(x_hat, packed.dequantized_weight(), packed.bias)
+    if relu:
+        y = torch.relu(y)
+    return affine.quantize_int(y, torch.as_tensor(out_scale), torch.as_tensor(out_zp),
+                               out_qdtype.qmin, out_qdtype.qmax, out_qdtype.storage_dtype,
+                               mode=affine.quantize_mode(out_qdtype, per_channel=False))
+
+
+def _requant_epilogue(packed: PackedLinearWeight, x_scale: float, x_zp: int, shift: int,
+                      out_scale: float, out_zp: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(multiplier, offset) with ``q = acc * multiplier + offset`` for ``acc = (x - shift) @ w.T``:
+    multiplier = x_scale * w_scale / out_scale,
+    offset = multiplier * (shift - x_zp) * sum_k w + bias / out_scale + out_zp."""
+    key = (x_scale, x_zp, shift, out_scale, out_zp)
+    cached = packed.requant_epilogues.get(key)
+    if cached is None:
+        multiplier = packed.channel_scale * (x_scale / out_scale)
+        offset = torch.addcmul(torch.full_like(multiplier, float(out_zp)), multiplier,
+                               packed.weight_sum, value=shift - x_zp)
+        if packed.bias is not None:
+            offset.add_(packed.bias, alpha=1.0 / out_scale)
+        if len(packed.requant_epilogues) >= _EPILOGUE_CACHE_SIZE:
+            packed.requant_epilogues.clear()
+        cached = packed.requant_epilogues[key] = (multiplier, offset)
+    return cached
+
+
+@register("quantized_linear", "int_mm", devices=("cpu", "cuda"), applies=_int_mm_applies)
+def _quantized_linear_int_mm(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, relu):
+    x_signed, shift = _as_signed(x)
+    acc = torch._int_mm(x_signed, packed.weight.t())
+    oz = int(out_zp)
+    multiplier, offset = _requant_epilogue(packed, float(x_scale), int(x_zp), shift,
+                                           float(out_scale), oz)
+    lo = max(out_qdtype.qmin, oz) if relu else out_qdtype.qmin
+    return affine.requantize(acc, multiplier, offset, lo, out_qdtype.qmax,
+                             out_qdtype.storage_dtype)
+
+
+@register("quantized_linear", "onednn", devices=("cpu",),
+          applies=lambda x, packed, out_qdtype, **_: _onednn_applies(x, packed)
+          and out_qdtype == _dt.quint8, available=onednn_available)
+def _quantized_linear_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, relu):
+    return torch.ops.onednn.qlinear_pointwise(
+        x, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
+        packed.channel_zero_point, packed.bias, float(out_scale), int(out_zp), None,
+        "relu" if relu else "none", [], "")
+
+
+# --------------------------------------------------------------------------------------------
+# Dynamic: float in, activation quantized per call, float out
+# --------------------------------------------------------------------------------------------
+
+def _check_float_input(x: torch.Tensor, packed: PackedLinearWeight, op: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+        raise TypeError(f"{op}: expected a float input, got "
+                        f"{getattr(x, 'dtype', type(x).__name__)}")
+    if x.dim() == 0 or x.size(-1) != packed.in_features:
+        raise ValueError(f"{op}: input's last dimension must be in_features="
+                         f"{packed.in_features}, got shape {tuple(x.shape)}")
+    return x.detach().reshape(-1, packed.in_features).to(torch.float32)
+
+
+def _float_linear_out(x: torch.Tensor, packed: PackedLinearWeight,
+                      kernel: Callable[[torch.Tensor], torch.Tensor], op: str) -> torch.Tensor:
+    """Run ``kernel`` on the 2-D float32 view of ``x``; restore its leading shape and dtype."""
+    x2d = _check_float_input(x, packed, op)
+    if x2d.size(0) == 0:
+        y = x2d.new_zeros(0, packed.out_features)
+    else:
+        y = kernel(x2d)
+    return y.reshape(*x.shape[:-1], packed.out_features).to(x.dtype)
+
+
+def dynamic_linear(x_float: torch.Tensor, packed: PackedLinearWeight, reduce_range: bool = True,
+                   relu: bool = False) -> torch.Tensor:
+    """torch's dynamic quantized Linear: quantize ``x`` per tensor from its min/max, int8 GEMM,
+    float output (``relu`` applied to it).
+
+    Activations are quint8 with ATen's qparam rule; ``reduce_range=True`` (the x86 / fbgemm
+    qconfigs) chooses them for 0..127 -- but, as fbgemm does, values are clamped to 0..255, so
+    the top of the range can land on 128.  ``reduce_range=False`` gives qnnpack's numbers.
+    """
+    def kernel(x2d: torch.Tensor) -> torch.Tensor:
+        mn, mx = torch.aminmax(x2d)
+        if torch.compiler.is_compiling():
+            scale, zp = affine.choose_qparams_aten(mn, mx, 0, 255, False, reduce_range)
+        else:  # the scalar form of the same rule: microseconds instead of ~40 tensor ops
+            s, z = affine.choose_qparams_aten_scalar(mn.item(), mx.item(), 0, 255, False,
+                                                     reduce_range)
+            scale, zp = torch.tensor(s), torch.tensor(z)
+        x_q = affine.quantize_int(x2d, scale, zp, 0, 255, torch.uint8)
+        fn = get("dynamic_linear", x_q, packed=packed)
+        return fn(x_q, scale, zp, packed, relu)
+    return _float_linear_out(x_float, packed, kernel, "dynamic_linear")
+
+
+@register("dynamic_linear", "reference")
+def _dynamic_linear_reference(x_q, x_scale, x_zp, packed, relu):
+    y = F.linear(affine.dequantize_int(x_q, x_scale, x_zp), packed.dequantized_weight(),
+                 packed.bias)
+    return torch.relu(y) if relu else y
+
+
+@register("dynamic_linear", "int_mm", devices=("cpu", "cuda"), applies=_int_mm_applies)
+def _dynamic_linear_int_mm(x_q, x_scale, x_zp, packed, relu):
+    # y = (acc + (shift - x_zp) * sum_k w) * x_scale * w_scale + bias, the correction exact in int32
+    x_signed, shift = _as_signed(x_q)
+    acc = torch._int_mm(x_signed, packed.weight.t())
+    acc.add_(packed.weight_sum, alpha=shift - int(x_zp))
+    multiplier = packed.channel_scale * float(x_scale)
+    y = acc * multiplier if packed.bias is None else torch.addcmul(packed.bias, acc, multiplier)
+    return y.relu_() if relu else y
+
+
+@register("dynamic_linear", "onednn", devices=("cpu",),
+          applies=lambda x, packed, **_: _onednn_applies(x, packed), available=onednn_available)
+def _dynamic_linear_onednn(x_q, x_scale, x_zp, packed, relu):
+    return torch.ops.onednn.qlinear_pointwise(
+        x_q, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
+        packed.channel_zero_point, packed.bias, 1.0, 0, torch.float32,
+        "relu" if relu else "none", [], "")
+
+
+# --------------------------------------------------------------------------------------------
+# Per-token dynamic: int8 symmetric activations with one scale per row
+# --------------------------------------------------------------------------------------------
+
+# torchao's int8 dynamic activations: symmetric -127..127, scale = max|row| / 127 >= 1e-5.
+PER_TOKEN_QMIN, PER_TOKEN_QMAX, PER_TOKEN_EPS = -127, 127, 1e-5
+
+
+def per_token_dynamic_linear(x_float: torch.Tensor, packed: PackedLinearWeight,
+                             relu: bool = False) -> torch.Tensor:
+    """Dynamic Linear with one activation scale per row (token), as torchao's
+    ``Int8DynamicActivationInt8WeightConfig``: far closer to float than per-tensor activations,
+    at the same int8 GEMM cost.
+
+    Rows are quantized int8 symmetric with torchao's rule, then one int8 GEMM and one rescale
+    ``acc * x_scale[row] * w_scale[col] + bias`` (``relu`` applied to the result).
+    """
+    def kernel(x2d: torch.Tensor) -> torch.Tensor:
+        mn, mx = torch.aminmax(x2d, dim=1)
+        scale, _ = affine.choose_block_qparams(mn, mx, "SYMMETRIC", PER_TOKEN_QMIN,
+                                               PER_TOKEN_QMAX, PER_TOKEN_EPS,
+                                               zero_point_domain="NONE")
+        if not torch.compiler.is_compiling() and not bool(torch.isfinite(scale).all()):
+            raise ValueError("per_token_dynamic_linear: input contains NaN or Inf")
+        zero_point = torch.zeros_like(scale, dtype=torch.int64)
+        x_q = affine.quantize_int(x2d, scale, zero_point, PER_TOKEN_QMIN, PER_TOKEN_QMAX,
+                                  torch.int8, axis=0,
+                                  mode=affine.quantize_mode(_dt.qint8, per_channel=True))
+        fn = get("per_token_linear", x_q, packed=packed)
+        return fn(x_q, scale, packed, relu)
+    return _float_linear_out(x_float, packed, kernel, "per_token_dynamic_linear")
+
+
+@register("per_token_linear", "reference")
+def _per_token_linear_reference(x_q, x_scale, packed, relu):
+    x_hat = affine.dequantize_int(x_q, x_scale, torch.zeros_like(x_scale, dtype=torch.int64), 0)
+    y = F.linear(x_hat, packed.dequantized_weight(), packed.bias)
+    return torch.relu(y) if relu else y
+
+
+@register("per_token_linear", "int_mm", devices=("cpu", "cuda"), applies=_int_mm_applies)
+def _per_token_linear_int_mm(x_q, x_scale, packed, relu):
+    acc = torch._int_mm(x_q, packed.weight.t())
+    y = acc * packed.channel_scale
+    row_scale = x_scale.to(torch.float32).unsqueeze(1)
+    if packed.bias is None:
+        y.mul_(row_scale)
+    else:
+        torch.addcmul(packed.bias, y, row_scale, out=y)
+    return y.relu_() if relu else y

@@ -1,0 +1,118 @@
+"""Which elements torch's quantized CPU kernels compute in SIMD lanes and which in the tail.
+
+torch's elementwise quantized kernels (add, leaky_relu, sigmoid, ...) have two code paths that
+round differently: full SIMD vectors dequantize with ``fma(scale, q, -zp*scale)`` and requantize
+as ``nearbyint(y * inv) + zp``; the other elements run a scalar lambda that dequantizes as
+``(q - zp) * scale`` and requantizes as ``nearbyint(y * inv + zp)``.  Values on a rounding tie
+come out one step apart, so which path an element takes is part of the result.
+
+Measured on torch 2.13 (x86), this is ATen's TensorIterator loop: it walks the output in memory
+order; where every operand is laid out like the output along the innermost dimensions, each
+row of those dimensions runs in vectors of ``vector bytes / element size`` values (64 quint8
+values with AVX-512) and its remainder in the scalar lambda; operands laid out differently
+take the scalar lambda everywhere.  Loops of at least 32768 elements are first split into
+equal chunks across ``torch.get_num_threads()`` threads, each chunk with its own remainder.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Sequence
+
+import torch
+
+__all__ = ["lane_count", "tail_ranges", "suggested_format", "apply"]
+
+_GRAIN_SIZE = 32768  # ATen's grain size for splitting a TensorIterator loop across threads
+
+
+def lane_count(storage_dtype: torch.dtype) -> int:
+    """Values of ``storage_dtype`` in one SIMD vector of the kernels torch dispatched to."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    vector_bytes = 64 if capability.startswith("AVX512") else 32
+    return vector_bytes // torch.empty((), dtype=storage_dtype).element_size()
+
+
+def _chunks(numel: int) -> list[tuple[int, int]]:
+    """How ATen's parallel_for splits a flat loop of ``numel`` elements across threads."""
+    threads = torch.get_num_threads()
+    if numel < _GRAIN_SIZE or threads == 1:
+        return [(0, numel)]
+    chunk = math.ceil(numel / min(threads, math.ceil(numel / _GRAIN_SIZE)))
+    return [(begin, min(begin + chunk, numel)) for begin in range(0, numel, chunk)]
+
+
+def tail_ranges(numel: int, lanes: int) -> list[tuple[int, int]]:
+    """``[start, end)`` ranges of one flat loop of ``numel`` elements run by the scalar lambda."""
+    ranges = []
+    for begin, end in _chunks(numel):
+        tail = begin + (end - begin) // lanes * lanes
+        if tail < end:
+            ranges.append((tail, end))
+    return ranges
+
+
+def _tail_mask(numel: int, row: int, lanes: int, device: torch.device) -> torch.Tensor:
+    """Scalar-lambda elements of a loop over rows of ``row`` elements each."""
+    index = torch.arange(numel, device=device)
+    mask = torch.zeros(numel, dtype=torch.bool, device=device)
+    for begin, end in _chunks(numel):
+        i = index[begin:end]
+        seg_begin = torch.clamp(i // row * row, min=begin)
+        seg_end = torch.clamp(seg_begin // row * row + row, max=end)
+        mask[begin:end] = (i - seg_begin) >= (seg_end - seg_begin) // lanes * lanes
+    return mask
+
+
+def suggested_format(t: torch.Tensor) -> torch.memory_format:
+    """ATen's ``suggest_memory_format``: channels-last when the strides order like it."""
+    if t.dim() not in (4, 5):
+        return torch.contiguous_format
+    dims = (1, 3, 2, 0) if t.dim() == 4 else (1, 4, 3, 2, 0)
+    if t.stride(1) == 0:
+        return torch.contiguous_format
+    running = 0
+    for d in dims:
+        if t.size(d) == 0 or t.stride(d) < running or (d == 0 and running == t.stride(1)):
+            return torch.contiguous_format
+        running = t.stride(d) * t.size(d) if t.size(d) > 1 else t.stride(d)
+    return torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+
+
+def _order(strides: Sequence[int], sizes: Sequence[int]) -> list[int]:
+    return sorted(range(len(sizes)), key=lambda d: (-strides[d], -sizes[d]))
+
+
+def apply(inputs: Sequence[torch.Tensor], vector_fn: Callable[..., torch.Tensor],
+          tail_fn: Callable[..., torch.Tensor], lanes: int,
+          output_format: Optional[torch.memory_format] = None) -> torch.Tensor:
+    """Evaluate an elementwise op the way torch's kernel splits it between its two paths.
+
+    ``vector_fn`` / ``tail_fn`` map flat integer tensors (one per input, all the same length)
+    to the flat output.  The result is laid out in ``output_format`` (default: the format
+    suggested by the first input), as torch allocates it."""
+    if len(inputs) > 1 and any(t.shape != inputs[0].shape for t in inputs):
+        inputs = torch.broadcast_tensors(*inputs)
+    first = inputs[0]
+    if first.device.type != "cpu":  # no quantized kernels to mimic there: one path
+        return vector_fn(*(t.reshape(-1) for t in inputs)).reshape(first.shape)
+    if output_format is None:
+        output_format = suggested_format(first)
+    out_strides = torch.empty(first.shape, device="meta", memory_format=output_format).stride()
+    order = _order(out_strides, first.shape)
+    permuted = [t.permute(order) for t in inputs]
+    row = 1  # innermost elements where every operand is laid out like the output
+    for d in reversed(range(first.dim())):
+        size = permuted[0].size(d)
+        if size != 1 and any(p.stride(d) != row for p in permuted):
+            break
+        row *= size
+    flats = [p.reshape(-1) for p in permuted]
+    out = vector_fn(*flats)
+    if row == first.numel():
+        for begin, end in tail_ranges(out.numel(), lanes):
+            out[begin:end] = tail_fn(*(f[begin:end] for f in flats))
+    else:
+        mask = _tail_mask(out.numel(), row, lanes, out.device)
+        out[mask] = tail_fn(*(f[mask] for f in flats))
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    return out.reshape(permuted[0].shape).permute(inverse)

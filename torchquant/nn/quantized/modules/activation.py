@@ -1,0 +1,256 @@
+"""Quantized activation modules on QTensors (torch's quantized activation modules, ported).
+
+Modules whose output qparams differ from the input's carry them: as ``scale`` (float32 0-d)
+and ``zero_point`` (int64 0-d) buffers for Hardswish and LeakyReLU, as plain attributes for
+ELU, Sigmoid, Softmax and PReLU (as in torch).  ``from_float`` reads them from the float
+module's output observer.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .... import dtypes as _dt
+from ....qtensor import QTensor
+from ....tensor_functions import quantize_per_tensor
+from .. import _binary, _normalization, _pointwise
+from .. import functional as qF
+from .._validation import require_quantized
+
+__all__ = ["ReLU6", "Hardswish", "ELU", "LeakyReLU", "Sigmoid", "Softmax", "PReLU"]
+
+
+def _observed_qparams(mod: torch.nn.Module) -> tuple[float, int]:
+    """(scale, zero_point) of the float module's output observer."""
+    scale, zero_point = mod.activation_post_process.calculate_qparams()
+    return float(scale), int(zero_point)
+
+
+def _qparams_repr(scale: Any, zero_point: Any) -> str:
+    return f"scale={float(scale)}, zero_point={int(zero_point)}"
+
+
+class ReLU6(torch.nn.ReLU):
+    """``min(max(x, 0), 6)`` on the integers; the output keeps the input's qparams."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__(inplace)
+
+    def forward(self, input: QTensor) -> QTensor:
+        return qF.hardtanh(input, 0.0, 6.0, self.inplace)
+
+    def _get_name(self) -> str:
+        return "QuantizedReLU6"
+
+    @staticmethod
+    def from_float(mod: torch.nn.Module, use_precomputed_fake_quant: bool = False) -> "ReLU6":
+        return ReLU6(mod.inplace)
+
+
+class Hardswish(torch.nn.Hardswish):
+    """``x * relu6(x + 3) / 6`` requantized to the module's (scale, zero_point)."""
+
+    scale: torch.Tensor
+    zero_point: torch.Tensor
+
+    def __init__(self, scale: float, zero_point: int, device=None, dtype=None) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.tensor(scale, device=device, dtype=dtype))
+        self.register_buffer("zero_point", torch.tensor(zero_point, device=device))
+
+    def forward(self, input: QTensor) -> QTensor:
+        return qF.hardswish(input, float(self.scale), int(self.zero_point))
+
+    def _get_name(self) -> str:
+        return "QuantizedHardswish"
+
+    def extra_repr(self) -> str:
+        return _qparams_repr(self.scale, self.zero_point)
+
+    @staticmethod
+    def from_float(mod: torch.nn.Module, use_precomputed_fake_quant: bool = False) -> "Hardswish":
+        return Hardswish(*_observed_qparams(mod))
+
+    @classmethod
+    def from_reference(cls, mod: torch.nn.Module, scale: float, zero_point: int) -> "Hardswish":
+        return cls(float(scale), int(zero_point))
+
+
+class ELU(torch.nn.ELU):
+    """ELU requantized to (scale, zero_point), kept as plain attributes."""
+
+    def __init__(self, scale: float, zero_point: int, alpha: float = 1.0) -> None:
+        super().__init__(alpha)
+        self.scale = scale
+        self.zero_point = zero_point
+
+    def forward(self, input: QTensor) -> QTensor:
+        return qF.elu(input, self.scale, self.zero_point, self.alpha)
+
+    def _get_name(self) -> str:
+        return "QuantizedELU"
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, {_qparams_repr(self.scale, self.zero_point)}"
+
+    @staticmethod
+    def from_float(mod: torch.nn.Module, use_precomputed_fake_quant: bool = False) -> "ELU":
+        return ELU(*_observed_qparams(mod), mod.alpha)
+
+    @classmethod
+    def from_reference(cls, mod: torch.nn.Module, scale: float, zero_point: int) -> "ELU":
+        return cls(float(scale), int(zero_point), mod.alpha)
+
+
+class LeakyReLU(torch.nn.LeakyReLU):
+    """Leaky ReLU requantized to the module's (scale, zero_point)."""
+
+    scale: torch.Tensor
+    zero_point: torch.Tensor
+
+    def __init__(self, scale: float, zero_point: int, negative_slope: float = 1e-2,
+                 inplace: bool = False, device=None, dtype=None) -> None:
+        super().__init__(negative_slope, inplace)
+        self.register_buffer("scale", torch.tensor(scale, device=device, dtype=dtype))
+        self.register_buffer("zero_point", torch.tensor(zero_point, device=device))
+
+    def forward(self, input: QTensor) -> QTensor:
+        q = require_quantized(input, "leaky_relu")
+        out = _pointwise.leaky_relu(q, self.negative_slope, float(self.scale),
+                                    int(self.zero_point))
+        return _pointwise.store_inplace(q, out) if self.inplace else out
+
+    def _get_name(self) -> str:
+        return "QuantizedLeakyReLU"
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, {_qparams_repr(self.scale, self.zero_point)}"
+
+    @classmethod
+    def from_float(cls, mod: torch.nn.Module,
+                   use_precomputed_fake_quant: bool = False) -> "LeakyReLU":
+        return cls(*_observed_qparams(mod), mod.negative_slope, mod.inplace)
+
+    @classmethod
+    def from_reference(cls, mod: torch.nn.Module, scale: float, zero_point: int) -> "LeakyReLU":
+        return cls(float(scale), int(zero_point), mod.negative_slope, mod.inplace)
+
+
+class Sigmoid(torch.nn.Sigmoid):
+    """Sigmoid requantized to (output_scale, output_zero_point); default flows use 1/256, 0."""
+
+    def __init__(self, output_scale: float, output_zero_point: int) -> None:
+        super().__init__()
+        self.output_scale = output_scale
+        self.output_zero_point = output_zero_point
+
+    def forward(self, input: QTensor) -> QTensor:
+        q = require_quantized(input, "sigmoid")
+        return _pointwise.map_dequantized(q, torch.sigmoid, float(self.output_scale),
+                                          int(self.output_zero_point))
+
+    def extra_repr(self) -> str:
+        return _qparams_repr(self.output_scale, self.output_zero_point)
+
+    @classmethod
+    def from_float(cls, mod: torch.nn.Module,
+                   use_precomputed_fake_quant: bool = False) -> "Sigmoid":
+        return cls(*_observed_qparams(mod))
+
+
+class Softmax(torch.nn.Softmax):
+    """Softmax of the dequantized input, quantized to (scale, zero_point)."""
+
+    def __init__(self, dim: Optional[int] = None, scale: float = 1.0, zero_point: int = 0) -> None:
+        super().__init__()
+        self.dim = dim
+        self.scale = scale
+        self.zero_point = zero_point
+
+    def forward(self, input: QTensor) -> QTensor:
+        q = require_quantized(input, "softmax")
+        dim = self.dim
+        if dim is None:
+            dim = F._get_softmax_dim("softmax", q.dim(), 3)
+        return _normalization.softmax(q, dim, self.scale, self.zero_point)
+
+    def _get_name(self) -> str:
+        return "QuantizedSoftmax"
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, {_qparams_repr(self.scale, self.zero_point)}"
+
+    @staticmethod
+    def from_float(mod: torch.nn.Module, use_precomputed_fake_quant: bool = False) -> "Softmax":
+        return Softmax(mod.dim, *_observed_qparams(mod))
+
+    @classmethod
+    def from_reference(cls, mod: torch.nn.Module, scale: float, zero_point: int) -> "Softmax":
+        return cls(mod.dim, float(scale), int(zero_point))
+
+
+class PReLU(torch.nn.Module):
+    """PReLU with a quint8 weight; output qparams (scale, zero_point) as attributes.
+
+    The weight is a buffer, so it is saved in the state dict (torch keeps it out)."""
+
+    weight: QTensor
+
+    def __init__(self, output_scale: float, output_zero_point: int,
+                 num_parameters: int = 1) -> None:
+        super().__init__()
+        self.num_parameters = num_parameters
+        self.scale = output_scale
+        self.zero_point = output_zero_point
+        self.register_buffer("weight", quantize_per_tensor(
+            torch.randn(num_parameters), 1.0, 0, _dt.quint8))
+
+    def set_weight(self, w: QTensor) -> None:
+        self.weight = w
+
+    def forward(self, input: QTensor) -> QTensor:
+        q = require_quantized(input, "prelu")
+        return _binary.prelu(q, self.weight, float(self.scale), int(self.zero_point))
+
+    def _get_name(self) -> str:
+        return "QuantizedPReLU"
+
+    def extra_repr(self) -> str:
+        return f"num_parameters={self.num_parameters}, {_qparams_repr(self.scale, self.zero_point)}"
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        key = prefix + "weight"
+        weight = state_dict.get(key)
+        if isinstance(weight, torch.Tensor) and not isinstance(weight, QTensor) \
+                and weight.is_quantized:  # a checkpoint saved by torch
+            state_dict[key] = QTensor.from_int(weight.int_repr(), weight.q_scale(),
+                                               weight.q_zero_point(), weight.dtype)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
+    @classmethod
+    def _with_observed_weight(cls, mod: torch.nn.Module, scale: float,
+                              zero_point: int) -> "PReLU":
+        qprelu = cls(scale, zero_point, mod.num_parameters)
+        float_weight = mod.weight.detach().float()
+        observer = mod.qconfig.weight()
+        observer(float_weight)
+        if observer.dtype != _dt.quint8:
+            warnings.warn(f"PReLU's weight observer should have dtype quint8 but got "
+                          f"{observer.dtype}", stacklevel=3)
+        w_scale, w_zero_point = observer.calculate_qparams()
+        qprelu.set_weight(quantize_per_tensor(float_weight, float(w_scale), int(w_zero_point),
+                                              _dt.quint8))
+        return qprelu
+
+    @classmethod
+    def from_float(cls, mod: torch.nn.Module, use_precomputed_fake_quant: bool = False) -> "PReLU":
+        return cls._with_observed_weight(mod, *_observed_qparams(mod))
+
+    @classmethod
+    def from_reference(cls, mod: torch.nn.Module, scale: float, zero_point: int) -> "PReLU":
+        return cls._with_observed_weight(mod, float(scale), int(zero_point))

@@ -1,0 +1,150 @@
+"""FloatFunctional / FXFloatFunctional / QFunctional: tensor arithmetic as modules.
+
+Eager-mode quantization can only observe and swap modules, so models written for it route
+``add``, ``mul``, ``cat``... through a FloatFunctional instance; convert swaps it for a
+QFunctional that runs the quantized ops with the observed output qparams.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ....qtensor import QTensor
+from .. import _binary
+
+__all__ = ["FloatFunctional", "FXFloatFunctional", "QFunctional"]
+
+
+def _no_forward(self, x: Any):
+    raise RuntimeError("FloatFunctional is not intended to use the 'forward'. Please use the "
+                       "underlying operation")
+
+
+class _FloatOps(torch.nn.Module):
+    """The float ops themselves; calling the module is an error."""
+
+    forward = _no_forward
+
+    def add(self, x: Tensor, y: Tensor) -> Tensor:
+        return torch.add(x, y)
+
+    def add_scalar(self, x: Tensor, y: float) -> Tensor:
+        return torch.add(x, y)
+
+    def mul(self, x: Tensor, y: Tensor) -> Tensor:
+        return torch.mul(x, y)
+
+    def mul_scalar(self, x: Tensor, y: float) -> Tensor:
+        return torch.mul(x, y)
+
+    def cat(self, x: list[Tensor], dim: int = 0) -> Tensor:
+        return torch.cat(x, dim=dim)
+
+    def add_relu(self, x: Tensor, y: Tensor) -> Tensor:
+        return F.relu(torch.add(x, y))
+
+    def matmul(self, x: Tensor, y: Tensor) -> Tensor:
+        return torch.matmul(x, y)
+
+
+class FXFloatFunctional(_FloatOps):
+    """The float ops, unobserved: FX graph mode inserts its observers in the graph."""
+
+
+class FloatFunctional(_FloatOps):
+    """The float ops with an output hook: results of the binary ops and ``cat`` pass through
+    ``activation_post_process`` (Identity until prepare attaches an observer).  The scalar
+    ops are not observed: their quantized forms derive the output qparams from the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.activation_post_process = torch.nn.Identity()
+
+    def add(self, x: Tensor, y: Tensor) -> Tensor:
+        return self.activation_post_process(super().add(x, y))
+
+    def mul(self, x: Tensor, y: Tensor) -> Tensor:
+        return self.activation_post_process(super().mul(x, y))
+
+    def cat(self, x: list[Tensor], dim: int = 0) -> Tensor:
+        return self.activation_post_process(super().cat(x, dim))
+
+    def add_relu(self, x: Tensor, y: Tensor) -> Tensor:
+        return self.activation_post_process(super().add_relu(x, y))
+
+    def matmul(self, x: Tensor, y: Tensor) -> Tensor:
+        return self.activation_post_process(super().matmul(x, y))
+
+
+class QFunctional(torch.nn.Module):
+    """The quantized ops.  Binary ops and ``cat`` produce (``scale``, ``zero_point``), saved in
+    the state dict as float32 / int64 0-d tensors; ``add_scalar`` / ``mul_scalar`` derive
+    their output qparams from the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = 1.0
+        self.zero_point = 0
+        self.activation_post_process = torch.nn.Identity()
+
+    forward = _no_forward
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "scale"] = torch.tensor(self.scale)
+        destination[prefix + "zero_point"] = torch.tensor(self.zero_point)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        for key in ("scale", "zero_point"):
+            if prefix + key not in state_dict:
+                missing_keys.append(prefix + key)
+        if prefix + "scale" in state_dict:
+            self.scale = float(state_dict.pop(prefix + "scale"))
+        if prefix + "zero_point" in state_dict:
+            self.zero_point = int(state_dict.pop(prefix + "zero_point"))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, False, missing_keys,
+                                      unexpected_keys, error_msgs)
+
+    def _get_name(self) -> str:
+        return "QFunctional"
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale}, zero_point={self.zero_point}"
+
+    def add(self, x: QTensor, y: QTensor) -> QTensor:
+        return self.activation_post_process(_binary.add(x, y, self.scale, self.zero_point))
+
+    def add_scalar(self, x: QTensor, y: float) -> QTensor:
+        return _binary.add_scalar(x, y)
+
+    def mul(self, x: QTensor, y: QTensor) -> QTensor:
+        return self.activation_post_process(_binary.mul(x, y, self.scale, self.zero_point))
+
+    def mul_scalar(self, x: QTensor, y: float) -> QTensor:
+        return _binary.mul_scalar(x, y)
+
+    def cat(self, x: list[QTensor], dim: int = 0) -> QTensor:
+        return self.activation_post_process(_binary.cat(x, dim, self.scale, self.zero_point))
+
+    def add_relu(self, x: QTensor, y: QTensor) -> QTensor:
+        return self.activation_post_process(
+            _binary.add(x, y, self.scale, self.zero_point, relu=True))
+
+    def matmul(self, x: QTensor, y: QTensor) -> QTensor:
+        return _binary.matmul(x, y, self.scale, self.zero_point)
+
+    @classmethod
+    def from_float(cls, mod: torch.nn.Module,
+                   use_precomputed_fake_quant: bool = False) -> "QFunctional":
+        if type(mod).__name__ != "FloatFunctional":
+            raise AssertionError("QFunctional.from_float expects an instance of FloatFunctional, "
+                                 f"got {type(mod).__name__}")
+        scale, zero_point = mod.activation_post_process.calculate_qparams()
+        new_mod = cls()
+        new_mod.scale = float(scale)
+        new_mod.zero_point = int(zero_point)
+        return new_mod

@@ -1,0 +1,58 @@
+"""``Quantize`` / ``DeQuantize``: the modules QuantStub / DeQuantStub convert to."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .... import dtypes as _dt
+from ....tensor_functions import dequantize, quantize_per_tensor
+
+__all__ = ["Quantize", "DeQuantize"]
+
+
+class Quantize(torch.nn.Module):
+    """Quantizes a float tensor per tensor with fixed (scale, zero_point, dtype).
+
+    ``scale`` (float32) and ``zero_point`` (int64) are 1-element buffers, as in torch;
+    ``factory_kwargs`` may set their ``device`` and the float ``dtype`` of ``scale``."""
+
+    scale: torch.Tensor
+    zero_point: torch.Tensor
+
+    def __init__(self, scale: float, zero_point: int, dtype: Any,
+                 factory_kwargs: Optional[dict] = None) -> None:
+        super().__init__()
+        factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
+        device = factory_kwargs.get("device")
+        self.register_buffer("scale", torch.tensor([scale], **factory_kwargs))
+        self.register_buffer("zero_point", torch.tensor([zero_point], dtype=torch.long,
+                                                        device=device))
+        self.dtype = _dt.to_qdtype(dtype)
+
+    def forward(self, X: torch.Tensor):
+        return quantize_per_tensor(X, float(self.scale), int(self.zero_point), self.dtype)
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale}, zero_point={self.zero_point}, dtype={self.dtype}"
+
+    @staticmethod
+    def from_float(mod: torch.nn.Module, use_precomputed_fake_quant: bool = False) -> "Quantize":
+        if not hasattr(mod, "activation_post_process"):
+            raise AssertionError(f"Module {type(mod).__name__} must have an "
+                                 "activation_post_process attribute to be converted to Quantize")
+        scale, zero_point = mod.activation_post_process.calculate_qparams()
+        return Quantize(float(scale.float().reshape(-1)[0]),
+                        int(zero_point.long().reshape(-1)[0]),
+                        mod.activation_post_process.dtype)
+
+
+class DeQuantize(torch.nn.Module):
+    """Dequantizes a QTensor (or a list of them) to float32."""
+
+    def forward(self, Xq: Any) -> Any:
+        return dequantize(Xq)
+
+    @staticmethod
+    def from_float(mod: torch.nn.Module, use_precomputed_fake_quant: bool = False) -> "DeQuantize":
+        return DeQuantize()
