@@ -1,7 +1,8 @@
 """torchquant: PyTorch's quantization API (``torch.ao.quantization``) on plain integer tensors.
 
 Port code by renaming: ``torch.ao.X`` -> ``torchquant.X``, ``torch.quantize_per_tensor`` ->
-``torchquant.quantize_per_tensor``, ``torch.quint8`` -> ``torchquant.quint8``.
+``torchquant.quantize_per_tensor``, and torch's quantized dtypes (quint8, qint8, ...) to
+``torchquant.quint8`` etc.; the torch dtype objects are accepted as aliases in dtypes.py only.
 """
 from __future__ import annotations
 
