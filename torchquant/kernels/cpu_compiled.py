@@ -28,7 +28,8 @@ def _inductor_fma(a, b, c):
 
 
 def _quantize(x, inv, zp, qmin, qmax, storage_dtype, mode):
-    return quantize_formula(x, inv, zp, qmin, qmax, storage_dtype, mode, fma=_inductor_fma)
+    return quantize_formula(x, inv, zp, qmin, qmax, storage_dtype, mode, fma=_inductor_fma,
+                           narrow_via_int32=True)
 
 
 _SOURCES = {"quantize": _quantize, "dequantize": dequantize_formula,
