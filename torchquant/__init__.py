@@ -36,3 +36,5 @@ __all__ = [
     "quantize_per_tensor", "quantize_per_channel", "dequantize", "quantize_per_tensor_dynamic",
     "fake_quantize_per_tensor_affine", "fake_quantize_per_channel_affine",
 ]
+
+from .nn.quantized import _qtensor_ops as _qtensor_ops  # noqa: E402,F401  (QTensor torch.* ops)

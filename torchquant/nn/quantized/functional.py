@@ -182,3 +182,11 @@ def upsample_nearest(input: Tensor, size=None, scale_factor=None) -> QTensor:
     warnings.warn("nn.quantized.functional.upsample_nearest is deprecated. Use "
                   "nn.quantized.functional.interpolate instead.", stacklevel=2)
     return interpolate(input, size, scale_factor, mode="nearest")
+
+
+# Weighted ops live next to their modules' kernels; re-exported here under torch's names.
+from ._conv_functional import *  # noqa: E402,F401,F403
+from ._linear_functional import *  # noqa: E402,F401,F403
+from . import _conv_functional, _linear_functional  # noqa: E402
+
+__all__ += _conv_functional.__all__ + _linear_functional.__all__
