@@ -219,10 +219,15 @@ def _quantized_conv_reference(x, x_scale, x_zp, packed, out_scale, out_zp, relu)
 @register("quantized_conv", "onednn", devices=("cpu",), available=onednn_available,
           applies=lambda x, packed, **_: packed.onednn_weight is not None and x.dtype == torch.uint8)
 def _quantized_conv_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, relu):
-    return torch.ops.onednn.qconv_pointwise(
+    # oneDNN has no ReLU post-op for 3-D convs.  quantize() is monotone with
+    # quantize(0) == zero_point, so quantize(relu(y)) == max(quantize(y), zero_point).
+    late_relu = relu and packed.spatial_dims == 3
+    out = torch.ops.onednn.qconv_pointwise(
         x, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
         packed.channel_zero_point, packed.bias, packed.stride, packed.padding, packed.dilation,
-        packed.groups, float(out_scale), int(out_zp), None, "relu" if relu else "none", [], "")
+        packed.groups, float(out_scale), int(out_zp), None,
+        "relu" if relu and not late_relu else "none", [], "")
+    return out.clamp_min_(int(out_zp)) if late_relu else out
 
 
 def quantized_conv_transpose(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar,

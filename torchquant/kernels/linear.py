@@ -31,7 +31,7 @@ from .. import affine
 from .. import dtypes as _dt
 
 __all__ = ["PackedLinearWeight", "pack_linear_weight", "quantized_linear", "dynamic_linear",
-           "per_token_dynamic_linear", "onednn_available"]
+           "per_token_dynamic_linear", "quantized_linear_float_out", "onednn_available"]
 
 Scalar = Union[float, int, torch.Tensor]
 
@@ -389,6 +389,23 @@ def _dynamic_linear_onednn(x_q, x_scale, x_zp, packed, relu):
         x_q, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
         packed.channel_zero_point, packed.bias, 1.0, 0, torch.float32,
         "relu" if relu else "none", [], "")
+
+
+def quantized_linear_float_out(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
+                               packed: PackedLinearWeight) -> torch.Tensor:
+    """``linear(x_hat, w_hat, bias)`` in float32 from a per-tensor quantized input (for fused
+    activations the kernels cannot apply before requantizing, e.g. LeakyReLU, Tanh)."""
+    op = "quantized_linear_float_out"
+    x_qdtype = activation_qdtype(x_int, op)
+    if x_int.dim() == 0 or x_int.size(-1) != packed.in_features:
+        raise ValueError(f"{op}: input's last dimension must be in_features="
+                         f"{packed.in_features}, got shape {tuple(x_int.shape)}")
+    x_scale, x_zero_point, _, _ = validated_qparams(x_scale, x_zero_point, x_qdtype, 1.0, 0,
+                                                    _dt.quint8)
+    x2d = x_int.reshape(-1, packed.in_features)
+    fn = get("dynamic_linear", x2d, packed=packed)
+    y = fn(x2d, torch.as_tensor(x_scale), torch.as_tensor(x_zero_point), packed, False)
+    return y.reshape(*x_int.shape[:-1], packed.out_features)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,2 +1,245 @@
-"""(placeholder: being written)."""
-__all__: list[str] = []
+"""Quantized ``Linear`` (static: quantized input, quantized output) and its packed weights.
+
+The weight is packed once (:func:`torchquant.kernels.linear.pack_linear_weight`) whenever it
+is set -- ``from_float``, ``set_weight_bias`` or ``load_state_dict`` -- never per call.
+``LinearPackedParams`` holds it and serializes it as torch does, under
+``_packed_params._packed_params`` as a ``(weight, bias)`` tuple (our QTensor and a float
+tensor, both loadable with ``torch.load(weights_only=True)``) and ``_packed_params.dtype``.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .... import dtypes as _dt
+from ....kernels import linear as _klinear
+from ....qtensor import QTensor
+from .._validation import require_quantized
+from .utils import observed_output_qparams, quantize_weight, weight_observer_of
+
+__all__ = ["LinearPackedParams", "Linear"]
+
+
+def _weight_dtype(dtype: Any) -> Any:
+    """Our QDType for integer weights, ``torch.float16`` for half weights (dynamic only)."""
+    if dtype in (torch.float16, torch.half):
+        return torch.float16
+    return _dt.to_qdtype(dtype)
+
+
+class LinearPackedParams(torch.nn.Module):
+    """A Linear's weight and bias, prepacked for the int8 kernels (or kept as float16)."""
+
+    _version = 3
+
+    def __init__(self, dtype: Any = _dt.qint8) -> None:
+        super().__init__()
+        self.dtype = _weight_dtype(dtype)
+        if self.dtype is not torch.float16 and self.dtype is not _dt.qint8:
+            raise TypeError(f"quantized Linear weights must be qint8 or float16, got {dtype!r}")
+        self.packed: Any = None
+        if self.dtype is torch.float16:
+            self.set_weight_bias(torch.zeros(1, 1, dtype=torch.float16), None)
+        else:
+            zeros = torch.zeros(1, 1, dtype=torch.int8)
+            self.set_weight_bias(QTensor.from_int(zeros, 1.0, 0, _dt.qint8), None)
+
+    def set_weight_bias(self, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+        if self.dtype is torch.float16:
+            if isinstance(weight, QTensor) or weight.dim() != 2:
+                raise TypeError("a float16 Linear weight must be a 2-D float tensor")
+            self.packed = (weight.detach().to(torch.float16),
+                           None if bias is None else bias.detach().float())
+            return
+        if not isinstance(weight, QTensor):
+            raise TypeError(f"quantized Linear weight must be a qint8 QTensor, got "
+                            f"{type(weight).__name__} of dtype {weight.dtype}")
+        if weight.qdtype is not _dt.qint8:
+            raise TypeError(f"quantized Linear weight must be qint8, got {weight.qdtype!r}")
+        if weight.dim() != 2:
+            raise ValueError(f"Linear weight must be 2-D, got shape {tuple(weight.shape)}")
+        if bias is not None:
+            bias = bias.detach().float()
+        self.packed = _klinear.pack_linear_weight(weight.int_data, weight.scale,
+                                                  weight.zero_point, weight.axis, bias)
+
+    def _weight_bias(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        if self.dtype is torch.float16:
+            return self.packed
+        p = self.packed
+        return QTensor.from_int(p.weight, p.weight_scale, p.weight_zero_point, _dt.qint8,
+                                p.axis), p.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "dtype"] = self.dtype
+        destination[prefix + "_packed_params"] = self._weight_bias()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        dtype_key, params_key = prefix + "dtype", prefix + "_packed_params"
+        if dtype_key in state_dict:
+            loaded = _weight_dtype(state_dict.pop(dtype_key))
+            if loaded is not self.dtype:
+                error_msgs.append(f"{dtype_key}: the checkpoint holds {loaded!r} weights, this "
+                                  f"module expects {self.dtype!r}")
+        elif strict:
+            missing_keys.append(dtype_key)
+        if params_key in state_dict:
+            weight, bias = state_dict.pop(params_key)
+            current, _ = self._weight_bias()
+            if tuple(weight.shape) != tuple(current.shape) and current.numel() != 1:
+                error_msgs.append(f"size mismatch for {params_key}: copying a weight of shape "
+                                  f"{tuple(weight.shape)}, the module has {tuple(current.shape)}")
+            else:
+                try:
+                    self.set_weight_bias(weight, bias)
+                except (TypeError, ValueError) as exc:
+                    error_msgs.append(f"{params_key}: {exc}")
+        elif strict:
+            missing_keys.append(params_key)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, False, missing_keys,
+                                      unexpected_keys, error_msgs)
+
+    def __repr__(self) -> str:
+        return repr(self._weight_bias())
+
+
+class Linear(torch.nn.Module):
+    """``y = quantize(x_hat @ w_hat.T + b)`` on a per-tensor quantized input.
+
+    Buffers ``scale`` (float32) / ``zero_point`` (int64) give the output's qparams; the output
+    has the input's dtype (quint8 for the x86 qconfigs).
+    """
+
+    _version = 3
+    _FLOAT_MODULE: Any = (torch.nn.Linear, torch.nn.modules.linear.NonDynamicallyQuantizableLinear)
+    _FUSED_RELU = False
+
+    scale: torch.Tensor
+    zero_point: torch.Tensor
+
+    def __init__(self, in_features: int, out_features: int, bias_: bool = True,
+                 dtype: Any = _dt.qint8) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self._packed_params = LinearPackedParams(dtype)
+        weight = QTensor.from_int(torch.zeros(out_features, in_features, dtype=torch.int8), 1.0,
+                                  0, _dt.qint8)
+        self._packed_params.set_weight_bias(weight,
+                                            torch.zeros(out_features) if bias_ else None)
+        self.register_buffer("scale", torch.tensor(1.0))
+        self.register_buffer("zero_point", torch.tensor(0))
+
+    def _get_name(self) -> str:
+        return "QuantizedLinear"
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"scale={float(self.scale)}, zero_point={int(self.zero_point)}, "
+                f"qscheme={self.weight().qscheme()}")
+
+    def __repr__(self) -> str:  # the packed params child is an implementation detail
+        return f"{self._get_name()}({self.extra_repr()})"
+
+    def _apply_epilogue(self) -> dict:
+        """Keyword arguments of the fused kernel epilogue (subclasses fuse ReLU)."""
+        return {"relu": self._FUSED_RELU}
+
+    def _linear_int(self, q: QTensor) -> torch.Tensor:
+        return _klinear.quantized_linear(q.int_data, q.scale, q.zero_point,
+                                         self._packed_params.packed, float(self.scale),
+                                         int(self.zero_point), q.qdtype,
+                                         **self._apply_epilogue())
+
+    def forward(self, x: QTensor) -> QTensor:
+        q = require_quantized(x, "linear")
+        out = self._linear_int(q)
+        return QTensor.from_int(out, float(self.scale), int(self.zero_point), q.qdtype)
+
+    # ---- weights ----------------------------------------------------------------------------
+    def _weight_bias(self):
+        return self._packed_params._weight_bias()
+
+    def weight(self) -> QTensor:
+        return self._weight_bias()[0]
+
+    def bias(self) -> Optional[torch.Tensor]:
+        return self._weight_bias()[1]
+
+    def set_weight_bias(self, w: QTensor, b: Optional[torch.Tensor]) -> None:
+        if tuple(w.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"weight of shape {tuple(w.shape)} does not fit a Linear("
+                             f"{self.in_features}, {self.out_features})")
+        self._packed_params.set_weight_bias(w, b)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        for name in ("scale", "zero_point"):  # torch saves 0-d; accept 1-element tensors too
+            key = prefix + name
+            if key in state_dict and isinstance(state_dict[key], torch.Tensor):
+                state_dict[key] = state_dict[key].reshape(())
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
+    # ---- conversion -------------------------------------------------------------------------
+    @classmethod
+    def _float_linear(cls, mod: torch.nn.Module) -> torch.nn.Module:
+        """The nn.Linear inside a float, fused or QAT module (ConvBn-style folding done)."""
+        from ...intrinsic.modules import fused as _fused  # late: nn.intrinsic imports us
+        if isinstance(mod, _fused._FusedModule):
+            return mod[0]
+        return mod
+
+    @classmethod
+    def _check_float_type(cls, mod: torch.nn.Module) -> None:
+        allowed = cls._FLOAT_MODULE if isinstance(cls._FLOAT_MODULE, tuple) else (cls._FLOAT_MODULE,)
+        if type(mod) not in allowed:
+            names = ", ".join(t.__name__ for t in allowed)
+            raise AssertionError(f"nnq.{cls.__name__}.from_float only works for {names}, but got: "
+                                 f"{type(mod)}")
+
+    @classmethod
+    def from_float(cls, mod: torch.nn.Module, use_precomputed_fake_quant: bool = False) -> "Linear":
+        """A quantized Linear from an observed float (or fused / QAT) module."""
+        if hasattr(mod, "weight_fake_quant"):  # a QAT module
+            if hasattr(mod, "bn") and hasattr(mod, "_fold_bn_into_linear"):
+                mod._fold_bn_into_linear()
+            linear = mod
+        else:
+            cls._check_float_type(mod)
+            if getattr(mod, "qconfig", None) is None:
+                raise AssertionError("Input float module must have qconfig defined")
+            linear = cls._float_linear(mod)
+            if getattr(linear, "qconfig", None) is None:
+                linear.qconfig = mod.qconfig
+        out_scale, out_zp = observed_output_qparams(mod)
+        observer = weight_observer_of(linear, use_precomputed_fake_quant)
+        if _dt.to_qdtype(observer.dtype) is not _dt.qint8:
+            raise AssertionError(f"Weight observer must have dtype torch.qint8, got "
+                                 f"{observer.dtype}")
+        qweight = quantize_weight(linear.weight, observer)
+        qlinear = cls._new_like(mod, linear)
+        qlinear.set_weight_bias(qweight, linear.bias)
+        qlinear.scale.fill_(out_scale)
+        qlinear.zero_point.fill_(out_zp)
+        return qlinear
+
+    @classmethod
+    def _new_like(cls, mod: torch.nn.Module, linear: torch.nn.Module) -> "Linear":
+        return cls(linear.in_features, linear.out_features, linear.bias is not None)
+
+    @classmethod
+    def from_reference(cls, ref_qlinear: torch.nn.Module, output_scale: float,
+                       output_zero_point: int) -> "Linear":
+        """A quantized Linear from a reference quantized Linear (float weights + qparams)."""
+        qlinear = cls._new_like(ref_qlinear, ref_qlinear)
+        qlinear.set_weight_bias(ref_qlinear.get_quantized_weight(), ref_qlinear.bias)
+        qlinear.scale.fill_(float(output_scale))
+        qlinear.zero_point.fill_(int(output_zero_point))
+        return qlinear
