@@ -113,3 +113,35 @@ from .qconfig_mapping import (
 from .quant_type import QuantType
 
 ObserverOrFakeQuantize = Union[ObserverBase, FakeQuantizeBase]
+from .stubs import DeQuantStub, QuantStub, QuantWrapper
+from .fuser_method_mappings import get_fuser_method
+from .fuse_modules import fuse_modules, fuse_modules_qat  # noqa: F811 (the module stays importable)
+from .quantization_mappings import (
+    get_default_compare_output_module_list,
+    get_default_dynamic_quant_module_mappings,
+    get_default_float_to_quantized_operator_mappings,
+    get_default_qat_module_mappings,
+    get_default_qconfig_propagation_list,
+    get_default_static_quant_module_mappings,
+    get_default_static_quant_reference_module_mappings,
+    get_dynamic_quant_module_class,
+    get_embedding_qat_module_mappings,
+    get_embedding_static_quant_module_mappings,
+    get_quantized_operator,
+    get_static_quant_module_class,
+    no_observer_set,
+)
+from .quantize import (
+    add_quant_dequant,
+    convert,
+    default_eval_fn,
+    get_default_custom_config_dict,
+    prepare,
+    prepare_qat,
+    propagate_qconfig_,
+    quantize,
+    quantize_dynamic,
+    quantize_qat,
+    swap_module,
+)
+from .summary import QuantizationSummary, summary

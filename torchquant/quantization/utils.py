@@ -178,3 +178,20 @@ def _parent_name(target: str) -> tuple[str, str]:
     """``"a.b.c"`` -> ``("a.b", "c")``; ``"c"`` -> ``("", "c")``."""
     parent, _, name = target.rpartition(".")
     return parent, name
+
+
+def progress_bar(iterable: Any, desc: str, enabled: Any = None) -> Any:
+    """``iterable`` wrapped in a tqdm bar when stderr is a terminal (``enabled=None``), always
+    (``True``) or never (``False``); ``TORCHQUANT_QUIET=1`` silences it.  Without tqdm
+    installed the iterable is returned as is."""
+    import os
+    import sys
+    if enabled is None:
+        enabled = sys.stderr.isatty() and os.environ.get("TORCHQUANT_QUIET", "") in ("", "0")
+    if not enabled:
+        return iterable
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, desc=desc, leave=False)
