@@ -202,13 +202,16 @@ def prepare(model: nn.Module, inplace: bool = False, allow_list: Optional[set] =
                       "attribute directly on submodules", stacklevel=2)
     _add_observers(model, propagation, observer_non_leaf_module_list, _module_device(model),
                    custom_map)
+    model._torchquant_prepared = True
     _summary.record(model, "prepare")
     return model
 
 
 def _remove_activation_post_process(module: nn.Module) -> None:
-    if hasattr(module, "activation_post_process") and isinstance(
-            module.activation_post_process, nn.Module):
+    from .fake_quantize import FakeQuantizeBase
+    from .observer import ObserverBase
+    if isinstance(getattr(module, "activation_post_process", None),
+                  (ObserverBase, FakeQuantizeBase)):
         delattr(module, "activation_post_process")
     for hooks, hook in ((module._forward_pre_hooks, _observer_forward_pre_hook),
                         (module._forward_hooks, _observer_forward_hook)):
@@ -347,6 +350,10 @@ def convert(module: nn.Module, mapping: Optional[dict] = None, inplace: bool = F
     if not inplace:
         module = copy.deepcopy(module)
     if mapping is None:
+        if not (is_reference or _observed_inside(module)
+                or getattr(module, "_torchquant_prepared", False)):
+            raise RuntimeError("convert: the model has no observers; it was never prepared. "
+                               "Call prepare() (or prepare_qat()) and calibrate it first")
         mapping = (get_default_static_quant_reference_module_mappings() if is_reference
                    else get_default_static_quant_module_mappings())
     custom = convert_custom_config_dict
