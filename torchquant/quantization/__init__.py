@@ -103,6 +103,7 @@ from .qconfig import (
     get_default_qconfig,
     get_default_qconfig_dict,
     per_channel_dynamic_qconfig,
+    per_token_dynamic_qconfig,
     qconfig_equals,
 )
 from .qconfig_mapping import (

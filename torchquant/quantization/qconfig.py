@@ -352,3 +352,44 @@ def _is_reuse_input_qconfig(qconfig: QConfigAny) -> bool:
     return (qconfig is not None and isinstance(qconfig.activation(), ReuseInputObserver)
             and isinstance(qconfig.weight(), NoopObserver))
 
+
+
+# --------------------------------------------------------------------------------------------
+# Per-token dynamic activations (torchquant addition; torchao's int8 dynamic activations)
+# --------------------------------------------------------------------------------------------
+
+from .granularity import MappingType as _MappingType  # noqa: E402
+from .granularity import PerToken as _PerToken  # noqa: E402
+
+
+class PerTokenDynamicObserver(PlaceholderObserver):
+    """Marks an activation for dynamic int8 symmetric quantization with one scale per token
+    (row): ``scale = max(|row|) / 127`` (at least ``eps``), values in -127..127.
+
+    An identity placeholder like torch's dynamic observers: it only carries the choice to
+    ``from_float`` (``is_per_token``, ``granularity = PerToken()``, ``mapping_type``).  Its
+    ``qscheme`` is ``per_tensor_symmetric`` -- the mapping each token gets; torch has no
+    per-token qscheme.
+    """
+
+    is_per_token = True
+    granularity = _PerToken()
+    mapping_type = _MappingType.SYMMETRIC
+
+    def __init__(self, dtype: Any = _dt.qint8, quant_min: int = -127, quant_max: int = 127,
+                 eps: float = 1e-5, is_dynamic: bool = True) -> None:
+        super().__init__(dtype=dtype, quant_min=quant_min, quant_max=quant_max,
+                         qscheme=_dt.per_tensor_symmetric, eps=eps, is_dynamic=is_dynamic)
+
+    def extra_repr(self) -> str:
+        return f"dtype={self.dtype}, granularity=PerToken(), is_dynamic={self.is_dynamic}"
+
+
+per_token_dynamic_qconfig = QConfig(
+    activation=PerTokenDynamicObserver,
+    weight=PerChannelMinMaxObserver.with_args(dtype=_dt.qint8,
+                                              qscheme=_dt.per_channel_symmetric))
+"""Dynamic quantization with int8 symmetric per-token activations and int8 symmetric
+per-channel weights: one int8 GEMM, far closer to float than per-tensor activations."""
+
+__all__.append("per_token_dynamic_qconfig")
