@@ -10,7 +10,7 @@ STAMP := $(VENV)/.torchquant-installed
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,models]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) bench/bench_tensor.py
+	for b in tensor observers fake_quantize kernels dynamic models; do $(PY) bench/bench_$$b.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info

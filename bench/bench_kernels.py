@@ -135,6 +135,36 @@ def conv_cases(timing: dict) -> list:
     return rows
 
 
+def elementwise_cases(timing: dict) -> list:
+    """ReLU / add / cat / max-pool on a (8, 64, 56, 56) quint8 activation, module level."""
+    import torch.ao.nn.quantized as ao_nnq
+    import torchquant as tq
+    from torchquant.nn.quantized import QFunctional
+    x, y = torch.randn(8, 64, 56, 56), torch.randn(8, 64, 56, 56)
+    ours_x = tq.quantize_per_tensor(x, 0.03, 64, tq.quint8)
+    ours_y = tq.quantize_per_tensor(y, 0.04, 60, tq.quint8)
+    ao_x = torch.quantize_per_tensor(x, 0.03, 64, torch.quint8)
+    ao_y = torch.quantize_per_tensor(y, 0.04, 60, torch.quint8)
+    ours_f, ao_f = QFunctional(), ao_nnq.QFunctional()
+    for f in (ours_f, ao_f):
+        f.scale, f.zero_point = 0.05, 64
+    cases = {
+        "relu": (lambda: F.relu(ours_x), lambda: F.relu(ao_x)),
+        "add": (lambda: ours_f.add(ours_x, ours_y), lambda: ao_f.add(ao_x, ao_y)),
+        "cat (dim 1)": (lambda: ours_f.cat([ours_x, ours_y], 1), lambda: ao_f.cat([ao_x, ao_y], 1)),
+        "max_pool2d 3/2": (lambda: F.max_pool2d(ours_x, 3, 2, 1), lambda: F.max_pool2d(ao_x, 3, 2, 1)),
+    }
+    float_cases = {
+        "relu": lambda: F.relu(x), "add": lambda: x + y, "cat (dim 1)": lambda: torch.cat([x, y], 1),
+        "max_pool2d 3/2": lambda: F.max_pool2d(x, 3, 2, 1),
+    }
+    rows = []
+    for name, (ours, theirs) in cases.items():
+        t = best_times({"ours": ours, "torch.ao": theirs, "float": float_cases[name]}, **timing)
+        rows.append((name, t, x.numel()))
+    return rows
+
+
 def print_table(title: str, rows: list, columns: list[str], label: Callable) -> dict:
     print(f"\n## {title}\n")
     head = " | ".join(f"{c} us" for c in columns)
@@ -177,6 +207,8 @@ def main() -> None:
     conv = print_table("Conv2d (ResNet-18 3x3 / 1x1, channels-last u8 in)", conv_cases(timing),
                        ["ours", "torch.ao", "float"],
                        lambda s: f"b{s[0]} {s[1]}->{s[2]} {s[3]}x{s[3]} k{s[4]} s{s[5]}")
+    print_table("Elementwise / pooling on (8, 64, 56, 56) quint8 (last column: elements/ns)",
+                elementwise_cases(timing), ["ours", "torch.ao", "float"], str)
     print("\n## Targets\n")
     checks = [
         ("static Linear geomean ours/torch.ao <= 0.8", static["vs_torch"][0] <= 0.8),
