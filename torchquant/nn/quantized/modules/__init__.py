@@ -1,5 +1,6 @@
 """Static quantized module implementations, one concept per file."""
 from .activation import *  # noqa: F401,F403
+from .activation_mha import *  # noqa: F401,F403
 from .batchnorm import *  # noqa: F401,F403
 from .conv import *  # noqa: F401,F403
 from .dropout import *  # noqa: F401,F403
@@ -7,8 +8,10 @@ from .embedding_ops import *  # noqa: F401,F403
 from .functional_modules import *  # noqa: F401,F403
 from .linear import *  # noqa: F401,F403
 from .normalization import *  # noqa: F401,F403
+from .rnn import *  # noqa: F401,F403
 from .stubs import *  # noqa: F401,F403
-from . import activation, batchnorm, conv, dropout, embedding_ops, functional_modules, linear, normalization, stubs
+from . import (activation, activation_mha, batchnorm, conv, dropout, embedding_ops,
+               functional_modules, linear, normalization, rnn, stubs)
 
-__all__ = [n for m in (activation, batchnorm, conv, dropout, embedding_ops, functional_modules,
-                       linear, normalization, stubs) for n in m.__all__]
+__all__ = [n for m in (activation, activation_mha, batchnorm, conv, dropout, embedding_ops,
+                       functional_modules, linear, normalization, rnn, stubs) for n in m.__all__]

@@ -1,0 +1,5 @@
+"""Quantizable (observable) module implementations."""
+from .activation import MultiheadAttention
+from .rnn import LSTM, LSTMCell
+
+__all__ = ["LSTM", "LSTMCell", "MultiheadAttention"]
