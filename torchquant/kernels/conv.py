@@ -13,7 +13,7 @@ The packed weight remembers the geometry it was blocked for; calls must use the 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -66,6 +66,10 @@ class PackedConvWeight:
     channel_scale: Optional[torch.Tensor]
     channel_zero_point: Optional[torch.Tensor]
     onednn_weight: Optional[torch.Tensor]
+    # oneDNN weights re-blocked for a known (input shape, input qparams): ~10% faster calls
+    # than the shape-agnostic blocking (measured on ResNet-18 shapes); a calibrated model
+    # sees few distinct keys.
+    onednn_sized: dict = field(default_factory=dict, repr=False)
 
     @property
     def spatial_dims(self) -> int:
@@ -216,6 +220,24 @@ def _quantized_conv_reference(x, x_scale, x_zp, packed, out_scale, out_zp, relu)
     return _requantize_float(y, out_scale, out_zp, relu)
 
 
+_SIZED_CACHE_SIZE = 8
+
+
+def _sized_onednn_weight(packed: PackedConvWeight, x: torch.Tensor, x_scale: Scalar,
+                         x_zp: Scalar) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return packed.onednn_weight
+    key = (tuple(x.shape), float(x_scale), int(x_zp))
+    weight = packed.onednn_sized.get(key)
+    if weight is None:
+        if len(packed.onednn_sized) >= _SIZED_CACHE_SIZE:
+            packed.onednn_sized.clear()
+        weight = packed.onednn_sized[key] = torch.ops.onednn.qconv_prepack(
+            packed.weight, packed.channel_scale, key[1], key[2], list(packed.stride),
+            list(packed.padding), list(packed.dilation), packed.groups, list(key[0]))
+    return weight
+
+
 @register("quantized_conv", "onednn", devices=("cpu",), available=onednn_available,
           applies=lambda x, packed, **_: packed.onednn_weight is not None and x.dtype == torch.uint8)
 def _quantized_conv_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, relu):
@@ -223,7 +245,8 @@ def _quantized_conv_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, relu):
     # quantize(0) == zero_point, so quantize(relu(y)) == max(quantize(y), zero_point).
     late_relu = relu and packed.spatial_dims == 3
     out = torch.ops.onednn.qconv_pointwise(
-        x, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
+        x, float(x_scale), int(x_zp), _sized_onednn_weight(packed, x, x_scale, x_zp),
+        packed.channel_scale,
         packed.channel_zero_point, packed.bias, packed.stride, packed.padding, packed.dilation,
         packed.groups, float(out_scale), int(out_zp), None,
         "relu" if relu and not late_relu else "none", [], "")

@@ -45,7 +45,15 @@ def max_pool(q: QTensor, ndim: int, kernel_size: IntOrTuple, stride: Optional[In
              padding: IntOrTuple = 0, dilation: IntOrTuple = 1, ceil_mode: bool = False,
              return_indices: bool = False):
     """Max over each window of the integers (padding never wins)."""
-    pooled = _MAX_POOL[ndim](_exact_float(q._values()), kernel_size, stride or None, padding,
+    values = q._values()
+    if (ndim == 2 and not return_indices and values.dim() == 4 and values.is_contiguous()
+            and values.dtype in (torch.uint8, torch.int8) and values.device.type == "cpu"):
+        # torch pools 8-bit NCHW integers natively (about 2x the float round trip); the max
+        # of integers is exact either way.  Its channels-last 8-bit kernel is broken, so
+        # other layouts keep the float path.
+        return q._with(_MAX_POOL[2](values, kernel_size, stride or None, padding, dilation,
+                                    ceil_mode))
+    pooled = _MAX_POOL[ndim](_exact_float(values), kernel_size, stride or None, padding,
                              dilation, ceil_mode, return_indices)
     if return_indices:
         values, indices = pooled
