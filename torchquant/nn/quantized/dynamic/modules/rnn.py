@@ -96,9 +96,12 @@ class _GateWeight:
         """:meth:`__call__` for the per-time-step hidden state (2-D, float32, finite), with the
         per-call overhead cut: it runs once per step, so microseconds add up.
 
-        The same numbers as ``dynamic_linear``: ATen's qparam rule (scalar form), the float32
-        reciprocal of the scale as multiplier (``1 / s`` rounded once from double is the
-        correctly rounded float32 quotient), the registry's GEMM kernel."""
+        The same numbers as ``dynamic_linear``: ATen's qparam rule (scalar form), then
+        ``clamp(nearbyint(fma(x, 1/s, zp)))`` -- ``affine.quantize_int``'s FMA formula, here
+        through ``affine.requantize`` (that formula without the NaN guard, which finite
+        values do not need: a NaN / inf state fails the qparam choice first; ~4x cheaper on a
+        hidden state) with the float32 reciprocal (``1 / s`` rounded once from double is the
+        correctly rounded float32 quotient) -- and the registry's GEMM kernel."""
         packed = self.packed
         if packed is None:
             return F.linear(x, self.weight32, self.bias)
@@ -108,7 +111,8 @@ class _GateWeight:
         scale, zp = affine.choose_qparams_aten_scalar(mn.item(), mx.item(), 0, 255, False,
                                                       reduce_range)
         inv = struct.unpack("f", struct.pack("f", 1.0 / scale))[0]
-        x_q = affine.quantize_with_multiplier(x, inv, zp, 0, 255, torch.uint8, mode=affine.FMA)
+        x_q = affine.requantize(x, torch.tensor(inv), torch.tensor(float(zp)), 0, 255,
+                                torch.uint8)
         fn = _kernels.get("dynamic_linear", x_q, packed=packed)
         if fn is _reference_dynamic_linear():
             return fn(x_q, torch.tensor(scale), torch.tensor(zp), packed, False)
@@ -168,8 +172,9 @@ def _float_input(x: Any, what: str) -> Tensor:
 # Gate arithmetic (float32, torch's CPU order)
 # --------------------------------------------------------------------------------------------
 
-# Elementwise the same operations as torch's cells; merged where that changes no element (one
-# sigmoid over all four LSTM gates, the tanh gate recomputed; one add + sigmoid for GRU's r, z).
+# Elementwise torch's cell arithmetic in torch's order, merged only where that changes no element
+# (one sigmoid over all four LSTM gates, the tanh gate taken apart; one add + sigmoid for GRU's
+# r and z).
 
 def _lstm_cell(ih: Tensor, hidden: Hidden, w_hh: _GateWeight, reduce_range: bool) -> Hidden:
     h, c = hidden
