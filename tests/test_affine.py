@@ -189,3 +189,17 @@ def test_hypothesis_matches_torch_qint8(values, scale, zp):
     x = torch.tensor(values, dtype=torch.float32)
     assert torch.equal(tq.quantize_per_tensor(x, scale, zp, tq.qint8).int_repr(),
                        torch.quantize_per_tensor(x, scale, zp, torch.qint8).int_repr())
+
+
+def test_quantize_finite_per_tensor_equals_quantize_int():
+    """The dynamic path's short quantize must give quantize_int's integers exactly."""
+    from torchquant import affine
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 257, generator=gen) * 7
+    for scale, zp in ((0.05, 128), (0.0123, 0), (1.0 / 3, 255), (0.2, 37)):
+        ties = torch.round(x / scale) * scale  # values on the grid's half steps
+        for data in (x, ties + scale / 2):
+            ref = affine.quantize_int(data, torch.tensor(scale, dtype=torch.float64),
+                                      torch.tensor(zp), 0, 255, torch.uint8)
+            fast = affine.quantize_finite_per_tensor(data, scale, zp, 0, 255, torch.uint8)
+            assert torch.equal(fast, ref)

@@ -330,6 +330,16 @@ def quantize_int(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
     return fn(x.to(torch.float32), inv, zp, qmin, qmax, storage_dtype, mode)
 
 
+def quantize_finite_per_tensor(x: torch.Tensor, scale: float, zero_point: int, qmin: int,
+                               qmax: int, storage_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`quantize_int` (FMA rounding, per tensor) for float32 input already known to be
+    finite -- dynamic quantization checked its min/max -- in four eager ops instead of the
+    kernel dispatch and NaN mask: the per-call cost that dominates small dynamic matmuls."""
+    inv = torch.reciprocal(torch.tensor(scale, dtype=torch.float32))
+    y = torch.addcmul(torch.tensor(float(zero_point), dtype=torch.float32), x, inv)
+    return y.round_().clamp_(qmin, qmax).to(storage_dtype)
+
+
 def dequantize_int(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
                    axis: Optional[int] = None) -> torch.Tensor:
     """``(q - zp) * scale`` as float32; per-channel integer zero points compute in float64 as torch does.

@@ -357,7 +357,9 @@ def dynamic_linear(x_float: torch.Tensor, packed: PackedLinearWeight, reduce_ran
         else:  # the scalar form of the same rule: microseconds instead of ~40 tensor ops
             s, z = affine.choose_qparams_aten_scalar(mn.item(), mx.item(), 0, 255, False,
                                                      reduce_range)
-            scale, zp = torch.tensor(s), torch.tensor(z)
+            x_q = affine.quantize_finite_per_tensor(x2d, s, z, 0, 255, torch.uint8)
+            fn = get("dynamic_linear", x_q, packed=packed)
+            return fn(x_q, s, z, packed, relu)
         x_q = affine.quantize_int(x2d, scale, zp, 0, 255, torch.uint8)
         fn = get("dynamic_linear", x_q, packed=packed)
         return fn(x_q, scale, zp, packed, relu)
@@ -366,8 +368,9 @@ def dynamic_linear(x_float: torch.Tensor, packed: PackedLinearWeight, reduce_ran
 
 @register("dynamic_linear", "reference")
 def _dynamic_linear_reference(x_q, x_scale, x_zp, packed, relu):
-    y = F.linear(affine.dequantize_int(x_q, x_scale, x_zp), packed.dequantized_weight(),
-                 packed.bias)
+    x_hat = affine.dequantize_int(x_q, torch.as_tensor(x_scale, dtype=torch.float64),
+                                  torch.as_tensor(x_zp))
+    y = F.linear(x_hat, packed.dequantized_weight(), packed.bias)
     return torch.relu(y) if relu else y
 
 
