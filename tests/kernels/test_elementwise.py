@@ -65,3 +65,28 @@ def test_mode_switch_validates():
     with pytest.raises(ValueError, match="auto"):
         kernels.set_mode("fast")
     assert kernels.mode() in ("auto", "reference")
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("relu", [False, True])
+def test_large_quantized_add_matches_torch_and_reference(channels_last, relu):
+    """Tensors this large take the compiled fused add; it must equal torch's quantized add
+    and the eager reference bit for bit."""
+    import torchquant as tq
+    from torchquant import kernels
+    from torchquant.nn.quantized import _binary
+    gen = torch.Generator().manual_seed(7)
+    a_f, b_f = torch.randn(2, 64, 24, 24, generator=gen), torch.randn(2, 64, 24, 24, generator=gen)
+    if channels_last:
+        a_f, b_f = (t.contiguous(memory_format=torch.channels_last) for t in (a_f, b_f))
+    ta = torch.quantize_per_tensor(a_f, 0.05, 120, torch.quint8)
+    tb = torch.quantize_per_tensor(b_f, 0.04, 130, torch.quint8)
+    qa = tq.quantize_per_tensor(a_f, 0.05, 120, tq.quint8)
+    qb = tq.quantize_per_tensor(b_f, 0.04, 130, tq.quint8)
+    op = torch.ops.quantized.add_relu if relu else torch.ops.quantized.add
+    theirs = op(ta, tb, 0.07, 125)
+    ours = _binary.add(qa, qb, 0.07, 125, relu=relu)
+    assert torch.equal(ours.int_repr(), theirs.int_repr())
+    with kernels.reference_only():
+        ref = _binary.add(qa, qb, 0.07, 125, relu=relu)
+    assert torch.equal(ref.int_repr(), ours.int_repr())

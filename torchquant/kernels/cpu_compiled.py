@@ -15,7 +15,7 @@ import os
 import torch
 
 from . import register
-from .reference import dequantize_formula, fake_quantize_formula, quantize_formula
+from .reference import add_formula, dequantize_formula, fake_quantize_formula, quantize_formula
 
 log = logging.getLogger("torchquant")
 MIN_NUMEL = int(os.environ.get("TORCHQUANT_COMPILED_MIN_NUMEL", str(1 << 18)))
@@ -32,8 +32,16 @@ def _quantize(x, inv, zp, qmin, qmax, storage_dtype, mode):
                            narrow_via_int32=True)
 
 
+def _add(x, y, x_scale, x_premul, y_scale, y_premul, inv_out, zp_out, qmin, qmax,
+         storage_dtype, relu):
+    return add_formula(x, y, x_scale, x_premul, y_scale, y_premul, inv_out, zp_out, qmin, qmax,
+                       storage_dtype, relu, fma=_inductor_fma)
+
+
 _SOURCES = {"quantize": _quantize, "dequantize": dequantize_formula,
-            "fake_quantize": fake_quantize_formula}
+            "fake_quantize": fake_quantize_formula, "add": _add}
+# A quantized add is ~8 eager passes (not 4), so compiling pays off on smaller tensors.
+_MIN_NUMEL = {"add": int(os.environ.get("TORCHQUANT_COMPILED_ADD_MIN_NUMEL", str(1 << 14)))}
 
 
 def _fn(op: str):
@@ -60,7 +68,7 @@ def _guarded(op: str):
 
 def _applies(op):
     def check(t: torch.Tensor, **hints) -> bool:
-        return op not in _broken and t.numel() >= MIN_NUMEL
+        return op not in _broken and t.numel() >= _MIN_NUMEL.get(op, MIN_NUMEL)
     return check
 
 

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from ... import affine
+from ... import affine, kernels
 from ...qtensor import QTensor
 from . import _lanes
 from ._validation import require_per_tensor, require_quantized
@@ -55,9 +55,15 @@ def add(a: QTensor, b: QTensor, scale: float, zero_point: int, relu: bool = Fals
                                                qd.storage_dtype, mode)
 
     def vector_path(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        total = (affine.dequantize_int_premul(x, a_s, a_z)
-                 + affine.dequantize_int_premul(y, b_s, b_z))
-        return finish(total, affine.ROUND_ADD)
+        # One fused kernel (compiled on CPU for large tensors): the formula of
+        # affine.dequantize_int_premul for both operands, then ROUND_ADD requantization.
+        f32 = torch.float32
+        xs, ys = _f32(a_s, x.device), _f32(b_s, x.device)
+        fn = kernels.get("add", x)
+        return fn(x, y, xs, xs * _f32(-float(a_z), x.device), ys,
+                  ys * _f32(-float(b_z), x.device), inv_out.to(f32),
+                  torch.tensor(float(zero_point), dtype=f32, device=x.device), qd.qmin, qd.qmax,
+                  qd.storage_dtype, relu)
 
     def tail_path(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         total = (affine.dequantize_int(x, a.scale, a.zero_point)
