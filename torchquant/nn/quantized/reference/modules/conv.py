@@ -44,6 +44,8 @@ def _conv(float_cls: type) -> type:
         self._init_weight_qparams(weight_qparams, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # ``_conv_forward`` honours ``padding_mode`` like the float conv does; torch's
+        # reference conv calls F.convNd directly and so treats every mode as 'zeros'.
         return self._conv_forward(x, self.get_weight(), self.bias)
 
     return type(float_cls.__name__, (float_cls, _ConvMixin),

@@ -12,6 +12,8 @@ __all__ = ["Linear"]
 
 
 class Linear(torch.nn.Linear, ReferenceQuantizedModule):
+    """Reference quantized ``nn.Linear`` (note torch's ``bias_`` constructor argument)."""
+
     def __init__(self, in_features: int, out_features: int, bias_: bool = True, device=None,
                  dtype=None, weight_qparams: Optional[dict] = None) -> None:
         super().__init__(in_features, out_features, bias_, device, dtype)

@@ -13,6 +13,9 @@ __all__ = ["Embedding", "EmbeddingBag"]
 
 
 class Embedding(nn.Embedding, ReferenceQuantizedModule):
+    """Reference quantized ``nn.Embedding``: lookups in the quantize-dequantized table
+    (typically per-channel float-qparams quint8 / quint4x2 over rows)."""
+
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx=None, max_norm=None,
                  norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False,
                  _weight=None, device=None, dtype=None,
@@ -36,6 +39,9 @@ class Embedding(nn.Embedding, ReferenceQuantizedModule):
 
 
 class EmbeddingBag(nn.EmbeddingBag, ReferenceQuantizedModule):
+    """Reference quantized ``nn.EmbeddingBag``: bag reductions over the quantize-dequantized
+    table."""
+
     def __init__(self, num_embeddings: int, embedding_dim: int, max_norm=None,
                  norm_type: float = 2.0, scale_grad_by_freq: bool = False, mode: str = "mean",
                  sparse: bool = False, _weight=None, include_last_offset: bool = False,
@@ -47,7 +53,8 @@ class EmbeddingBag(nn.EmbeddingBag, ReferenceQuantizedModule):
         self._init_weight_qparams(weight_qparams, device)
 
     def _get_name(self) -> str:
-        return "QuantizedEmbeddingBag(Reference)"
+        # torch's reference EmbeddingBag reports itself as an Embedding; kept for parity
+        return "QuantizedEmbedding(Reference)"
 
     def forward(self, input: torch.Tensor, offsets=None, per_sample_weights=None):
         return F.embedding_bag(input, self.get_weight(), offsets, self.max_norm, self.norm_type,
