@@ -221,7 +221,7 @@ class Linear(torch.nn.Module):
         out_scale, out_zp = observed_output_qparams(mod)
         observer = weight_observer_of(linear, use_precomputed_fake_quant)
         if _dt.to_qdtype(observer.dtype) is not _dt.qint8:
-            raise AssertionError(f"Weight observer must have dtype torch.qint8, got "
+            raise AssertionError(f"Weight observer must have dtype qint8, got "
                                  f"{observer.dtype}")
         qweight = quantize_weight(linear.weight, observer)
         qlinear = cls._new_like(mod, linear)
