@@ -6,10 +6,18 @@ import torchquant as tq
 from torchquant import affine, kernels
 
 
+@pytest.fixture(autouse=True)
+def compile_on_first_call(monkeypatch):
+    """Kernels normally compile on a signature's second call; here the first call compiles,
+    so each comparison below runs the compiled kernel."""
+    from torchquant.kernels import cpu_compiled
+    monkeypatch.setattr(cpu_compiled, "HOT_CALLS", 1)
+
+
 @pytest.fixture(scope="module")
 def big():
     torch.manual_seed(1)
-    n = 1 << 18  # the compiled kernels apply from 2**18 elements
+    n = 1 << 18  # above every compiled kernel's size threshold
     k = torch.randint(-200, 200, (n,)).float()
     x = torch.nextafter((k + 0.5) * 0.02, torch.tensor(float("inf")))
     x[::3] = (k[::3] + 0.5) * 0.02  # exact ties too
@@ -90,3 +98,21 @@ def test_large_quantized_add_matches_torch_and_reference(channels_last, relu):
     with kernels.reference_only():
         ref = _binary.add(qa, qb, 0.07, 125, relu=relu)
     assert torch.equal(ref.int_repr(), ours.int_repr())
+
+
+def test_hot_signature_compiles_once_and_is_called_directly(big, monkeypatch):
+    """A signature runs eager until its HOT_CALLS-th call, then through one static kernel."""
+    from torchquant.kernels import cpu_compiled
+    monkeypatch.setattr(cpu_compiled, "HOT_CALLS", 3)
+    x = big[:40000].clone()
+    fn = kernels.implementations("quantize")["cpu_compiled"].fn
+    args = (x, torch.tensor(50.0), torch.tensor(7.0), -128, 127, torch.int8, affine.FMA)
+    key = cpu_compiled._signature("quantize", args)
+    cpu_compiled._kernels.pop(key, None)
+    cpu_compiled._calls.pop(key, None)
+    with kernels.reference_only():
+        ref = tq.quantize_per_tensor(x, 0.02, 7, tq.qint8).int_repr()
+    outs = [fn(*args) for _ in range(4)]
+    assert key in cpu_compiled._kernels and cpu_compiled._calls[key] == 3
+    for out in outs:
+        assert torch.equal(out, ref)

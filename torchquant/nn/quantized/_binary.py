@@ -41,39 +41,55 @@ def _f32(value: float, device: torch.device) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float32, device=device)
 
 
+_ADD_CONSTANTS: dict[tuple, tuple] = {}  # a calibrated model reuses a handful of qparam sets
+
+
+def _add_constants(qd, a_s: float, a_z: int, b_s: float, b_z: int, scale: float,
+                   zero_point: int, device: torch.device) -> tuple:
+    """The fused kernel's 0-d operands and the output's checked qparams, made once per set."""
+    key = (qd, a_s, a_z, b_s, b_z, float(scale), int(zero_point), device)
+    constants = _ADD_CONSTANTS.get(key)
+    if constants is None:
+        # from_int validates the output qparams (positive finite scale, zero point in range).
+        proto = QTensor.from_int(torch.empty(0, dtype=qd.storage_dtype), scale, zero_point, qd)
+        f32 = torch.float32
+        xs, ys = _f32(a_s, device), _f32(b_s, device)
+        inv_out = affine.inv_scale_f32(torch.tensor(float(scale), device=device)).to(f32)
+        constants = (xs, xs * _f32(-float(a_z), device), ys, ys * _f32(-float(b_z), device),
+                     inv_out, torch.tensor(float(zero_point), dtype=f32, device=device),
+                     proto.scale, proto.zero_point)
+        if len(_ADD_CONSTANTS) >= 256:
+            _ADD_CONSTANTS.clear()
+        _ADD_CONSTANTS[key] = constants
+    return constants
+
+
 def add(a: QTensor, b: QTensor, scale: float, zero_point: int, relu: bool = False) -> QTensor:
     """``quantize(a + b)`` with output qparams (scale, zero_point); ``relu`` clamps at 0 first."""
     _same_dtype(a, b, "add_relu" if relu else "add")
     qd = a.qdtype
-    inv_out = affine.inv_scale_f32(torch.tensor(scale, device=a.device))
     a_s, a_z, b_s, b_z = float(a.scale), int(a.zero_point), float(b.scale), int(b.zero_point)
-
-    def finish(total: torch.Tensor, mode: str) -> torch.Tensor:
-        if relu:
-            total = torch.clamp(total, min=0.0)
-        return affine.quantize_with_multiplier(total, inv_out, zero_point, qd.qmin, qd.qmax,
-                                               qd.storage_dtype, mode)
+    values_a = a._values()
+    *operands, out_scale, out_zp = _add_constants(qd, a_s, a_z, b_s, b_z, scale, zero_point,
+                                                  values_a.device)
+    inv_out = operands[4]
 
     def vector_path(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # One fused kernel (compiled on CPU for large tensors): the formula of
         # affine.dequantize_int_premul for both operands, then ROUND_ADD requantization.
-        f32 = torch.float32
-        xs, ys = _f32(a_s, x.device), _f32(b_s, x.device)
-        fn = kernels.get("add", x)
-        return fn(x, y, xs, xs * _f32(-float(a_z), x.device), ys,
-                  ys * _f32(-float(b_z), x.device), inv_out.to(f32),
-                  torch.tensor(float(zero_point), dtype=f32, device=x.device), qd.qmin, qd.qmax,
-                  qd.storage_dtype, relu)
+        return kernels.get("add", x)(x, y, *operands, qd.qmin, qd.qmax, qd.storage_dtype, relu)
 
     def tail_path(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         total = (affine.dequantize_int(x, a.scale, a.zero_point)
                  + affine.dequantize_int(y, b.scale, b.zero_point))
-        return finish(total, affine.MUL_ADD)
+        if relu:
+            total = torch.clamp(total, min=0.0)
+        return affine.quantize_with_multiplier(total, inv_out, zero_point, qd.qmin, qd.qmax,
+                                               qd.storage_dtype, affine.MUL_ADD)
 
-    values_a = a._values()
     out = _lanes.apply([values_a, b._values()], vector_path, tail_path,
                        _lanes.lane_count(qd.storage_dtype), _lanes.suggested_format(values_a))
-    return QTensor.from_int(out, scale, zero_point, qd)
+    return QTensor(out, out_scale, out_zp, qd)
 
 
 def mul(a: QTensor, b: QTensor, scale: float, zero_point: int, relu: bool = False) -> QTensor:

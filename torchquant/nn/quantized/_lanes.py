@@ -15,6 +15,7 @@ equal chunks across ``torch.get_num_threads()`` threads, each chunk with its own
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Optional, Sequence
 
@@ -25,6 +26,7 @@ __all__ = ["lane_count", "tail_ranges", "suggested_format", "apply"]
 _GRAIN_SIZE = 32768  # ATen's grain size for splitting a TensorIterator loop across threads
 
 
+@functools.lru_cache(maxsize=None)
 def lane_count(storage_dtype: torch.dtype) -> int:
     """Values of ``storage_dtype`` in one SIMD vector of the kernels torch dispatched to."""
     capability = torch.backends.cpu.get_cpu_capability()
@@ -82,6 +84,32 @@ def _order(strides: Sequence[int], sizes: Sequence[int]) -> list[int]:
     return sorted(range(len(sizes)), key=lambda d: (-strides[d], -sizes[d]))
 
 
+def _dense_fast_path(inputs: Sequence[torch.Tensor], vector_fn: Callable[..., torch.Tensor],
+                     lanes: int, output_format: torch.memory_format) -> Optional[torch.Tensor]:
+    """The common case in one call: every operand dense in ``output_format`` (contiguous or
+    channels-last) and no thread chunk with a remainder, so every element takes the vector
+    path.  None where the general walk below is needed."""
+    first = inputs[0]
+    if output_format == torch.contiguous_format:
+        if not all(t.is_contiguous() for t in inputs):
+            return None
+        to_flat, shape = (lambda t: t.view(-1)), None
+    elif output_format == torch.channels_last and first.dim() == 4:
+        if not all(t.is_contiguous(memory_format=torch.channels_last) for t in inputs):
+            return None
+        to_flat = lambda t: t.permute(0, 2, 3, 1).reshape(-1)  # noqa: E731  (a view)
+        n, c, h, w = first.shape
+        shape = (n, h, w, c)
+    else:
+        return None
+    if tail_ranges(first.numel(), lanes):
+        return None
+    out = vector_fn(*(to_flat(t) for t in inputs))
+    if shape is None:
+        return out.view(first.shape)
+    return out.view(shape).permute(0, 3, 1, 2)
+
+
 def apply(inputs: Sequence[torch.Tensor], vector_fn: Callable[..., torch.Tensor],
           tail_fn: Callable[..., torch.Tensor], lanes: int,
           output_format: Optional[torch.memory_format] = None) -> torch.Tensor:
@@ -97,6 +125,9 @@ def apply(inputs: Sequence[torch.Tensor], vector_fn: Callable[..., torch.Tensor]
         return vector_fn(*(t.reshape(-1) for t in inputs)).reshape(first.shape)
     if output_format is None:
         output_format = suggested_format(first)
+    dense = _dense_fast_path(inputs, vector_fn, lanes, output_format)
+    if dense is not None:
+        return dense
     out_strides = torch.empty(first.shape, device="meta", memory_format=output_format).stride()
     order = _order(out_strides, first.shape)
     permuted = [t.permute(order) for t in inputs]
