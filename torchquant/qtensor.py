@@ -22,6 +22,8 @@ from .dtypes import QDType, QScheme
 
 __all__ = ["QTensor"]
 
+_SHARED_QPARAMS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # from_int_per_tensor's
+
 aten = torch.ops.aten
 _ValuesIndices = namedtuple("_ValuesIndices", ["values", "indices"])
 
@@ -93,6 +95,23 @@ class QTensor(torch.Tensor):
         scale_t, zp_t = _normalise_qparams(scale, zero_point, qdtype, axis,
                                            shape if qdtype.is_sub_byte else int_data.shape)
         return cls(int_data, scale_t, zp_t, qdtype, axis, shape)
+
+    @classmethod
+    def from_int_per_tensor(cls, int_data: torch.Tensor, scale: float, zero_point: int,
+                            qdtype: QDType) -> "QTensor":
+        """:meth:`from_int` for the per-call outputs of quantized modules (8/32-bit storage):
+        each distinct (scale, zero_point, qdtype) is validated and made into 0-d tensors once,
+        then shared -- QTensor qparams are never modified in place."""
+        if (int_data.dtype != qdtype.storage_dtype or qdtype.is_sub_byte
+                or torch.compiler.is_compiling()):
+            return cls.from_int(int_data, scale, zero_point, qdtype)
+        key = (float(scale), int(zero_point), qdtype)
+        qparams = _SHARED_QPARAMS.get(key)
+        if qparams is None:
+            if len(_SHARED_QPARAMS) >= 4096:
+                _SHARED_QPARAMS.clear()
+            qparams = _SHARED_QPARAMS[key] = _normalise_qparams(key[0], key[1], qdtype, None, ())
+        return cls(int_data, qparams[0], qparams[1], qdtype)
 
     # ---- tracing / serialization --------------------------------------------------------------
     def __tensor_flatten__(self):

@@ -14,12 +14,13 @@ The packed weight remembers the geometry it was blocked for; calls must use the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
 
 from . import get, register
+from . import mode as kernel_mode
 from .. import affine
 from .. import dtypes as _dt
 from .linear import (Scalar, activation_qdtype, check_bias, check_weight_qparams,
@@ -70,6 +71,9 @@ class PackedConvWeight:
     # than the shape-agnostic blocking (measured on ResNet-18 shapes); a calibrated model
     # sees few distinct keys.
     onednn_sized: dict = field(default_factory=dict, repr=False)
+    # Ready-bound kernel calls per (input layout, qparams, geometry): a module's calls repeat
+    # them, and the checks and argument building cost as much as a small conv (~25 us).
+    plans: dict = field(default_factory=dict, repr=False)
 
     @property
     def spatial_dims(self) -> int:
@@ -192,6 +196,11 @@ def quantized_conv(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: P
     input (NCHW or channels-last); ``relu`` clamps at the output zero point (fused).
     """
     op = "quantized_conv"
+    key = _plan_key(x_int, x_scale, x_zp, stride, padding, dilation, groups, out_scale, out_zp,
+                    relu)
+    plan = packed.plans.get(key) if key is not None else None
+    if plan is not None:  # this exact call was checked before
+        return plan(x_int)
     if packed.transposed:
         raise ValueError(f"{op}: the weight was packed for a transposed conv; use "
                          "quantized_conv_transpose")
@@ -199,7 +208,31 @@ def quantized_conv(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: P
                                     "groups": groups})
     x_scale, x_zp, out_scale, out_zp = _qparams(x_int, x_scale, x_zp, out_scale, out_zp)
     fn = get("quantized_conv", x_int, packed=packed)
+    if key is not None and fn is _quantized_conv_onednn:
+        if len(packed.plans) >= _PLAN_CACHE_SIZE:
+            packed.plans.clear()
+        plan = packed.plans[key] = _onednn_plan(x_int, x_scale, x_zp, packed, out_scale, out_zp,
+                                                relu)
+        return plan(x_int)
     return fn(x_int, x_scale, x_zp, packed, out_scale, out_zp, relu)
+
+
+_PLAN_CACHE_SIZE = 16
+
+
+def _plan_key(x: torch.Tensor, *call: Any) -> Optional[tuple]:
+    """A hashable description of a conv call, or None where calls are not cached (tracing,
+    tensor qparams, list geometry)."""
+    if torch.compiler.is_compiling():
+        return None
+    key = (tuple(x.shape), x.stride(), x.dtype, x.device, kernel_mode(), *call)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    if any(isinstance(v, torch.Tensor) for v in call):
+        return None
+    return key
 
 
 def _requantize_float(y: torch.Tensor, out_scale: Scalar, out_zp: Scalar,
@@ -238,19 +271,28 @@ def _sized_onednn_weight(packed: PackedConvWeight, x: torch.Tensor, x_scale: Sca
     return weight
 
 
-@register("quantized_conv", "onednn", devices=("cpu",), available=onednn_available,
-          applies=lambda x, packed, **_: packed.onednn_weight is not None and x.dtype == torch.uint8)
-def _quantized_conv_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, relu):
+def _onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedConvWeight,
+                 out_scale: Scalar, out_zp: Scalar, relu: bool) -> Callable[[torch.Tensor],
+                                                                       torch.Tensor]:
+    """The oneDNN conv for inputs like ``x`` with these qparams, its arguments bound."""
     # oneDNN has no ReLU post-op for 3-D convs.  quantize() is monotone with
     # quantize(0) == zero_point, so quantize(relu(y)) == max(quantize(y), zero_point).
     late_relu = relu and packed.spatial_dims == 3
-    out = torch.ops.onednn.qconv_pointwise(
-        x, float(x_scale), int(x_zp), _sized_onednn_weight(packed, x, x_scale, x_zp),
-        packed.channel_scale,
-        packed.channel_zero_point, packed.bias, packed.stride, packed.padding, packed.dilation,
-        packed.groups, float(out_scale), int(out_zp), None,
-        "relu" if relu and not late_relu else "none", [], "")
-    return out.clamp_min_(int(out_zp)) if late_relu else out
+    zero_point = int(out_zp)
+    args = (float(x_scale), int(x_zp), _sized_onednn_weight(packed, x, x_scale, x_zp),
+            packed.channel_scale, packed.channel_zero_point, packed.bias, packed.stride,
+            packed.padding, packed.dilation, packed.groups, float(out_scale), zero_point, None,
+            "relu" if relu and not late_relu else "none", [], "")
+    conv = torch.ops.onednn.qconv_pointwise.default
+    if late_relu:
+        return lambda x_int: conv(x_int, *args).clamp_min_(zero_point)
+    return lambda x_int: conv(x_int, *args)
+
+
+@register("quantized_conv", "onednn", devices=("cpu",), available=onednn_available,
+          applies=lambda x, packed, **_: packed.onednn_weight is not None and x.dtype == torch.uint8)
+def _quantized_conv_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, relu):
+    return _onednn_plan(x, x_scale, x_zp, packed, out_scale, out_zp, relu)(x)
 
 
 def quantized_conv_transpose(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar,

@@ -236,14 +236,14 @@ class _ConvNd(nn.Module):
             return _kconv.quantized_conv_transpose(
                 x_int, q.scale, q.zero_point, p, p.stride, p.padding, p.output_padding,
                 p.dilation, p.groups, float(self.scale), int(self.zero_point), relu=relu)
-        return _kconv.quantized_conv(x_int, q.scale, q.zero_point, p, p.stride, p.padding,
-                                     p.dilation, p.groups, float(self.scale),
+        return _kconv.quantized_conv(x_int, float(q.scale), int(q.zero_point), p, p.stride,
+                                     p.padding, p.dilation, p.groups, float(self.scale),
                                      int(self.zero_point), relu=relu)
 
     def forward(self, input: QTensor) -> QTensor:
         q = self._quantized_input(input)
         out = self._conv_int(self._input_int(q), q, self._FUSED_RELU)
-        return QTensor.from_int(out, float(self.scale), int(self.zero_point), _dt.quint8)
+        return QTensor.from_int_per_tensor(out, float(self.scale), int(self.zero_point), _dt.quint8)
 
     # ---- serialization ----------------------------------------------------------------------
     def _save_to_state_dict(self, destination, prefix, keep_vars):

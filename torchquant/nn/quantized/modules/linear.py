@@ -160,7 +160,7 @@ class Linear(torch.nn.Module):
     def forward(self, x: QTensor) -> QTensor:
         q = require_quantized(x, "linear")
         out = self._linear_int(q)
-        return QTensor.from_int(out, float(self.scale), int(self.zero_point), q.qdtype)
+        return QTensor.from_int_per_tensor(out, float(self.scale), int(self.zero_point), q.qdtype)
 
     # ---- weights ----------------------------------------------------------------------------
     def _weight_bias(self):

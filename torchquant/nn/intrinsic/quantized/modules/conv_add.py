@@ -42,7 +42,7 @@ class ConvAdd2d(Conv2d):
         qd = _dt.quint8
         out = affine.quantize_int(y, self.scale.double(), self.zero_point, qd.qmin, qd.qmax,
                                   qd.storage_dtype, mode=affine.quantize_mode(qd, False))
-        return QTensor.from_int(out, float(self.scale), int(self.zero_point), qd)
+        return QTensor.from_int_per_tensor(out, float(self.scale), int(self.zero_point), qd)
 
 
 class ConvAddReLU2d(ConvAdd2d):
