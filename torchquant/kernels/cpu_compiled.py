@@ -70,13 +70,12 @@ def _signature(op: str, args: tuple) -> tuple:
     return tuple(parts)
 
 
-def _build(op: str, args: tuple) -> Callable[[list], Any]:
-    """A static inductor kernel for exactly these argument shapes / constants."""
+def _build(source: Callable, args: tuple) -> Callable[[list], Any]:
+    """A static inductor kernel of ``source`` for exactly these argument shapes / constants."""
     import torch._inductor.inductor_prims  # noqa: F401  (defines prims.fma)
     from torch.fx.experimental.proxy_tensor import make_fx
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     tensors = [args[i] for i in positions]
-    source = _SOURCES[op]
 
     def formula(*ts):
         full = list(args)
@@ -91,12 +90,16 @@ def _build(op: str, args: tuple) -> Callable[[list], Any]:
     # clear); the wrapped function is the fallback if this inductor keeps it elsewhere.
     direct = getattr(getattr(compiled, "_torchdynamo_orig_callable", None),
                      "current_callable", None)
-    if direct is not None:
+    lifted_constants = any(node.op == "get_attr" for node in graph.graph.nodes)
+    if direct is not None and not lifted_constants:  # (constants become extra inputs there)
         return direct
     return lambda inputs: compiled(*inputs)
 
 
-def _kernel(op: str, args: tuple) -> Optional[Callable[[list], Any]]:
+def hot_kernel(op: str, source: Callable, args: tuple) -> Optional[Callable[[list], Any]]:
+    """The static kernel of ``source(*args)`` once this signature is hot, else None (run it
+    eager).  Call the kernel with the list of ``args``' tensors, in order; it returns a
+    tuple of outputs.  ``op`` names the formula: one name, one ``source``."""
     key = _signature(op, args)
     kernel = _kernels.get(key)
     if kernel is None:
@@ -106,7 +109,7 @@ def _kernel(op: str, args: tuple) -> Optional[Callable[[list], Any]]:
         if len(_kernels) >= MAX_KERNELS:
             _kernels.clear()
             _calls.clear()
-        kernel = _kernels[key] = _build(op, args)
+        kernel = _kernels[key] = _build(source, args)
     return kernel
 
 
@@ -115,7 +118,7 @@ def _guarded(op: str):
 
     def run(*args):
         try:
-            kernel = _kernel(op, args)
+            kernel = hot_kernel(op, _SOURCES[op], args)
         except Exception as exc:  # compilation unavailable: fall back for good
             _broken.add(op)
             log.warning("torchquant: compiled %s kernel unavailable (%s: %s); using the "
