@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Sequence, Union
 
@@ -41,18 +42,105 @@ def _exact_float(values: torch.Tensor) -> torch.Tensor:
     return values.to(torch.float32 if values.element_size() < 4 else torch.float64)
 
 
+def _channels_last_view(values: torch.Tensor, ndim: int) -> Optional[torch.Tensor]:
+    """``values`` (N, C, *spatial) as its contiguous (N, *spatial, C) memory, or None."""
+    if values.dim() != ndim + 2:
+        return None
+    nhwc = values.permute(0, *range(2, ndim + 2), 1)
+    return nhwc if nhwc.is_contiguous() else None
+
+
+def _pool_out_size(size: int, kernel: int, stride: int, pad: int, dilation: int,
+                   ceil_mode: bool) -> int:
+    span = size + 2 * pad - dilation * (kernel - 1) - 1
+    out = (span + (stride - 1 if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + pad:
+        out -= 1  # the last window may not start in the right padding
+    return out
+
+
+def _max_along(x: torch.Tensor, dim: int, kernel: int, stride: int, pad: int, dilation: int,
+               out_size: int, lowest: int) -> torch.Tensor:
+    """1-D max pooling of ``x`` along ``dim``, one ``maximum`` per kernel tap over the output
+    positions where that tap lands inside the input.  Padding never wins, so no padded copy is
+    needed; a window wholly in padding keeps ``lowest`` (the quantized kernel's start value)."""
+    size = x.shape[dim]
+    head = (slice(None),) * dim
+    taps = []  # (first output, past the last output, input slice) of each tap inside the input
+    for tap in range(kernel):
+        offset = tap * dilation - pad  # output j reads input j * stride + offset
+        lo = max(0, -(offset // stride))
+        hi = min(out_size, (size - 1 - offset) // stride + 1)
+        if lo < hi:
+            start = lo * stride + offset
+            taps.append((lo, hi, x[head + (slice(start, start + (hi - lo - 1) * stride + 1,
+                                                    stride),)]))
+    # Start from the taps that cover every output (one fused op, no fill), then fold the rest
+    # in place: each pass over the data costs about as much as the op itself.
+    full = [src for lo, hi, src in taps if lo == 0 and hi == out_size]
+    if len(full) >= 2:
+        out = torch.maximum(full[0], full[1])
+        full = full[2:]
+    elif full:
+        out = full.pop().clone()
+    else:
+        shape = list(x.shape)
+        shape[dim] = out_size
+        out = x.new_full(shape, lowest)
+    rest = [(0, out_size, src) for src in full]
+    rest += [(lo, hi, src) for lo, hi, src in taps if lo > 0 or hi < out_size]
+    for lo, hi, src in rest:
+        dst = out[head + (slice(lo, hi),)]
+        torch.maximum(dst, src, out=dst)
+    return out
+
+
+def _max_pool_channels_last(q: QTensor, nhwc: torch.Tensor, ndim: int, kernel_size: IntOrTuple,
+                            stride: Optional[IntOrTuple], padding: IntOrTuple,
+                            dilation: IntOrTuple, ceil_mode: bool) -> QTensor:
+    """Separable max pooling on the (N, *spatial, C) memory: torch's own 8-bit channels-last
+    kernel is broken and the float round trip costs ~6x; the result stays channels-last, as
+    torch's quantized max pooling keeps it."""
+    kernel = _tuple(kernel_size, ndim)
+    # None or () means "the kernel size"; 0 is an error, as in torch
+    strides = kernel if stride is None or stride == () or stride == [] else _tuple(stride, ndim)
+    pads, dilations = _tuple(padding, ndim), _tuple(dilation, ndim)
+    # the checks of torch's quantized kernel (its padding bound ignores dilation)
+    if min(kernel) <= 0 or min(strides) <= 0 or min(dilations) <= 0:
+        raise RuntimeError(f"max_pool{ndim}d: kernel_size, stride and dilation should be "
+                           f"greater than zero, got {kernel}, {strides}, {dilations}")
+    if any(p < 0 or p > k // 2 for p, k in zip(pads, kernel)):
+        raise RuntimeError(f"max_pool{ndim}d: padding should be smaller than half of "
+                           f"kernel_size, got padding={pads}, kernel_size={kernel}")
+    sizes = [_pool_out_size(i, k, s, p, d, ceil_mode)
+             for i, k, s, p, d in zip(nhwc.shape[1:-1], kernel, strides, pads, dilations)]
+    if min(sizes) <= 0:
+        raise RuntimeError(f"max_pool{ndim}d: given input size {tuple(nhwc.shape[1:-1])}, "
+                           f"calculated output size {tuple(sizes)}: output size is too small")
+    lowest = torch.iinfo(nhwc.dtype).min
+    out = nhwc
+    for axis in reversed(range(ndim)):  # innermost spatial dim first: it shrinks the most data
+        out = _max_along(out, axis + 1, kernel[axis], strides[axis], pads[axis],
+                         dilations[axis], sizes[axis], lowest)
+    return q._with(out.permute(0, ndim + 1, *range(1, ndim + 1)))
+
+
 def max_pool(q: QTensor, ndim: int, kernel_size: IntOrTuple, stride: Optional[IntOrTuple] = None,
              padding: IntOrTuple = 0, dilation: IntOrTuple = 1, ceil_mode: bool = False,
              return_indices: bool = False):
     """Max over each window of the integers (padding never wins)."""
     values = q._values()
-    if (ndim == 2 and not return_indices and values.dim() == 4 and values.is_contiguous()
-            and values.dtype in (torch.uint8, torch.int8) and values.device.type == "cpu"):
+    fast = (not return_indices and values.dtype in (torch.uint8, torch.int8)
+            and values.device.type == "cpu")
+    if fast and ndim == 2 and values.dim() == 4 and values.is_contiguous():
         # torch pools 8-bit NCHW integers natively (about 2x the float round trip); the max
-        # of integers is exact either way.  Its channels-last 8-bit kernel is broken, so
-        # other layouts keep the float path.
+        # of integers is exact either way.
         return q._with(_MAX_POOL[2](values, kernel_size, stride or None, padding, dilation,
                                     ceil_mode))
+    nhwc = _channels_last_view(values, ndim) if fast and ndim in (2, 3) else None
+    if nhwc is not None:
+        return _max_pool_channels_last(q, nhwc, ndim, kernel_size, stride, padding, dilation,
+                                       ceil_mode)
     pooled = _MAX_POOL[ndim](_exact_float(values), kernel_size, stride or None, padding,
                              dilation, ceil_mode, return_indices)
     if return_indices:
@@ -119,6 +207,74 @@ def _adaptive_sizes(in_size: int, out_size: int) -> torch.Tensor:
     return end - start
 
 
+@functools.lru_cache(maxsize=256)
+def _inv_count(count: int) -> float:
+    """torch's float32 multiplier ``1.0f / count`` as a Python float (exact in float32)."""
+    return torch.reciprocal(torch.tensor(float(count), dtype=torch.float32)).item()
+
+
+def _requantize_acc(acc: torch.Tensor, multiplier, zero_point: int, qd) -> torch.Tensor:
+    """``nearbyint(acc * multiplier + zp)`` (MUL_ADD) for exact integer ``acc``:
+    :func:`_requantize_mean` with Python-number qparams."""
+    return affine.quantize_with_multiplier(acc, multiplier, zero_point, qd.qmin, qd.qmax,
+                                           qd.storage_dtype, affine.MUL_ADD)
+
+
+def _mean_formula(sums: torch.Tensor, count: int, zero_point: int, qd) -> torch.Tensor:
+    """:func:`_requantize_mean` of integer ``sums`` over windows of ``count`` elements."""
+    return _requantize_acc(sums - count * zero_point, _inv_count(count), zero_point, qd)
+
+
+@functools.lru_cache(maxsize=64)
+def _adaptive_counts(in_sizes: tuple, sizes: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """Elements per adaptive window (float64) and torch's float32 ``1 / count``, cached: they
+    depend on the shapes only and cost more to build than the pooling itself."""
+    counts = _outer([_adaptive_sizes(i, o) for i, o in zip(in_sizes, sizes)]).to(torch.float64)
+    return counts, affine.inv_scale_f32(counts)
+
+
+_TABLE_LIMIT = 1 << 20  # entries; 8-bit sums over windows of up to ~4000 elements
+
+
+@functools.lru_cache(maxsize=32)
+def _mean_table(count: int, zero_point: int, qd) -> torch.Tensor:
+    """The requantized mean of every possible window sum ``count * qmin ..``, for lookup:
+    a global pool is a handful of elements per channel, where the ~7 eager ops of the
+    formula cost more than the sum itself.  Built by the formula, so identical to it."""
+    sums = torch.arange(count * qd.qmin, count * qd.qmax + 1, dtype=torch.int64)
+    return _mean_formula(sums, count, zero_point, qd)
+
+
+def _global_mean(q: QTensor, ndim: int, keepdim: bool = True) -> QTensor:
+    """Mean over the ``ndim`` innermost dims with :func:`_requantize_mean`'s numerics, from
+    exact integer sums (no float64 pass, no per-call qparam tensors)."""
+    values = q._values()
+    qd = q.qdtype
+    count = math.prod(values.shape[values.dim() - ndim:]) if ndim else 1
+    zero_point = int(q.zero_point)
+    eight_bit = values.element_size() == 1
+    # 8-bit sums (and the zero point removed from them) fit int32 below 2**22 elements
+    acc_dtype = torch.int32 if eight_bit and count < (1 << 22) else torch.int64
+    nhwc = _channels_last_view(values, ndim) if keepdim and not values.is_contiguous() else None
+    if nhwc is not None:
+        # reduce the (N, *spatial, C) memory; permuted back, the output has torch's
+        # channels-last strides
+        sums = nhwc.sum(tuple(range(1, ndim + 1)), keepdim=True, dtype=acc_dtype)
+    else:
+        sums = values.sum(tuple(range(values.dim() - ndim, values.dim())), keepdim=keepdim,
+                          dtype=acc_dtype)
+    if eight_bit and count * (qd.qmax - qd.qmin) < _TABLE_LIMIT and count > 0:
+        index = sums.view(-1)
+        if qd.qmin:
+            index = index - count * qd.qmin
+        out = _mean_table(count, zero_point, qd).index_select(0, index).view(sums.shape)
+    else:
+        out = _mean_formula(sums, count, zero_point, qd)
+    if nhwc is not None:
+        out = out.permute(0, ndim + 1, *range(1, ndim + 1))
+    return q._with(out)
+
+
 def adaptive_avg_pool(q: QTensor, ndim: int, output_size: IntOrTuple) -> QTensor:
     """Average over adaptive windows (``None`` in ``output_size`` keeps that input size)."""
     values = q._values()
@@ -126,20 +282,25 @@ def adaptive_avg_pool(q: QTensor, ndim: int, output_size: IntOrTuple) -> QTensor
     sizes = (output_size,) * ndim if isinstance(output_size, int) or output_size is None \
         else tuple(output_size)
     sizes = tuple(i if o is None else int(o) for i, o in zip(in_sizes, sizes))
-    counts = _outer([_adaptive_sizes(i, o) for i, o in zip(in_sizes, sizes)]).to(torch.float64)
+    if all(o == 1 for o in sizes):
+        return _global_mean(q, ndim)
+    counts, multiplier = _adaptive_counts(tuple(in_sizes), sizes)
+    counts, multiplier = counts.to(values.device), multiplier.to(values.device)
     means = _ADAPTIVE_AVG_POOL[ndim](values.to(torch.float64), sizes)
-    sums = torch.round(means * counts.to(means.device))  # float64 means: the sums are exact
-    return _requantize_mean(q, sums, counts, counts)
+    # float64 means: the sums, and the sums less count * zp, are exact integers
+    zero_point = int(q.zero_point)
+    acc = means.mul_(counts).round_().sub_(counts, alpha=zero_point)
+    out = _requantize_acc(acc, multiplier, zero_point, q.qdtype)
+    if ndim == 3 and not values.is_contiguous() and _channels_last_view(values, 3) is not None:
+        # torch's float 3-D kernel returns contiguous output; its quantized one keeps the layout
+        out = out.contiguous(memory_format=torch.channels_last_3d)
+    return q._with(out)
 
 
 def mean_inner_dims(q: QTensor, ndim: int, keepdim: bool) -> QTensor:
     """Mean over the ``ndim`` innermost dims: the integer kernel torch uses for contiguous
     input (the same numerics as adaptive average pooling to size 1)."""
-    dims = list(range(q.dim() - ndim, q.dim()))
-    values = q._values()
-    sums = values.to(torch.int64).sum(dims, keepdim=keepdim)
-    count = torch.tensor(math.prod(values.shape[-ndim:]) if ndim else 1, dtype=torch.int64)
-    return _requantize_mean(q, sums.to(torch.float64), count, count)
+    return _global_mean(q, ndim, keepdim)
 
 
 def upsample_nearest(q: QTensor, func, *args) -> QTensor:
