@@ -46,7 +46,16 @@ class QTensor(torch.Tensor):
     qdtype: QDType
     axis: Optional[int]
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        # Only a few torch-level functions are taken here, before torch decomposes them into
+        # ops that cost more (F.max_pool2d would become max_pool2d_with_indices, whose indices
+        # force a float round trip); everything else goes straight on to __torch_dispatch__.
+        handler = _FUNCTIONS.get(func)
+        if handler is not None:
+            return handler(*args, **(kwargs or {}))
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
 
     @staticmethod
     def __new__(cls, int_data: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
@@ -295,6 +304,15 @@ def _rebuild_qtensor(int_data, scale, zero_point, qdtype_name, axis, shape):
 # ------------------------------------------------------------------------------------------------
 
 _OPS: dict[Any, Callable] = {}
+_FUNCTIONS: dict[Any, Callable] = {}  # torch-level functions QTensor handles itself
+
+
+def _implements_function(*funcs):
+    def deco(fn):
+        for f in funcs:
+            _FUNCTIONS[f] = fn
+        return fn
+    return deco
 
 
 def _implements(*funcs):

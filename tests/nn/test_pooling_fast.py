@@ -155,3 +155,24 @@ def test_adaptive_avg_pool_cached_window_counts(layout):
         theirs, ours = make_pair((1, 4, 5, 6, 7), zero_point - 128, tq.qint8, seed, layout)
         for size in (2, (3, 4, 5)):
             assert_same(F.adaptive_avg_pool3d(theirs, size), tqF.adaptive_avg_pool3d(ours, size))
+
+
+def test_module_and_functional_calls_take_the_integer_paths(monkeypatch):
+    """nn.MaxPool2d / F.max_pool2d / nn.AdaptiveAvgPool2d on a QTensor are taken before torch
+    decomposes them (max_pool2d would become the with-indices op, whose indices force the
+    float path): same integers and layout as torch, and no float round trip."""
+    theirs, ours = make_pair((1, 16, 15, 15), 7, tq.quint8, seed=3)
+    float_route = []
+    real = _pooling._exact_float
+    monkeypatch.setattr(_pooling, "_exact_float", lambda v: float_route.append(1) or real(v))
+    assert_same(torch.nn.MaxPool2d(3, 2, 1)(theirs), torch.nn.MaxPool2d(3, 2, 1)(ours))
+    assert_same(F.max_pool2d(theirs, 2), F.max_pool2d(ours, 2))
+    assert_same(torch.max_pool2d(theirs, [3, 3], [2, 2]), torch.max_pool2d(ours, [3, 3], [2, 2]))
+    assert_same(torch.nn.AdaptiveAvgPool2d(1)(theirs), torch.nn.AdaptiveAvgPool2d(1)(ours))
+    assert not float_route
+    # indices still come back when asked for (torch has no quantized kernel for that; the
+    # float kernel on the same integers is the oracle)
+    values, indices = F.max_pool2d(ours, 3, 2, 1, return_indices=True)
+    f_values, f_indices = F.max_pool2d(ours.int_repr().float(), 3, 2, 1, return_indices=True)
+    assert torch.equal(values.int_repr(), f_values.to(torch.uint8))
+    assert torch.equal(indices, f_indices)

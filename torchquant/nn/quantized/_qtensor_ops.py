@@ -19,7 +19,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from ...qtensor import _OPS, QTensor, _implements, _refresh_metadata
+import torch.nn.functional as F
+
+from ...qtensor import _OPS, QTensor, _implements, _implements_function, _refresh_metadata
 from . import _pointwise, _pooling
 from ._validation import require_per_tensor
 
@@ -87,6 +89,34 @@ def _max_pool_with_indices(ndim: int):
 
 _implements(aten.max_pool2d_with_indices.default)(_max_pool_with_indices(2))
 _implements(aten.max_pool3d_with_indices.default)(_max_pool_with_indices(3))
+
+
+def _max_pool_function(ndim: int):
+    """``F.max_poolNd`` / ``torch.max_poolNd`` taken before torch turns them into the
+    with-indices op: without indices the integer kernels apply (channels-last included)."""
+    def handler(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                return_indices=False):
+        q = require_per_tensor(input, f"max_pool{ndim}d")
+        return _pooling.max_pool(q, ndim, kernel_size, stride, padding, dilation, ceil_mode,
+                                 return_indices=return_indices)
+    return handler
+
+
+_implements_function(F.max_pool2d, torch.max_pool2d)(_max_pool_function(2))
+_implements_function(F.max_pool3d, torch.max_pool3d)(_max_pool_function(3))
+
+
+def _adaptive_avg_pool_function(ndim: int):
+    """``F.adaptive_avg_poolNd`` taken whole (it would reach QTensor as ``mean.dim`` plus a
+    restride for channels-last input)."""
+    def handler(input, output_size):
+        q = require_per_tensor(input, f"adaptive_avg_pool{ndim}d")
+        return _pooling.adaptive_avg_pool(q, ndim, output_size)
+    return handler
+
+
+_implements_function(F.adaptive_avg_pool2d)(_adaptive_avg_pool_function(2))
+_implements_function(F.adaptive_avg_pool3d)(_adaptive_avg_pool_function(3))
 
 
 def _avg_pool(ndim: int):
