@@ -120,7 +120,9 @@ class QTensor(torch.Tensor):
             if len(_SHARED_QPARAMS) >= 4096:
                 _SHARED_QPARAMS.clear()
             qparams = _SHARED_QPARAMS[key] = _normalise_qparams(key[0], key[1], qdtype, None, ())
-        return cls(int_data, qparams[0], qparams[1], qdtype)
+        out = cls(int_data, qparams[0], qparams[1], qdtype)
+        out._numbers = key[:2]
+        return out
 
     # ---- tracing / serialization --------------------------------------------------------------
     def __tensor_flatten__(self):
@@ -185,6 +187,16 @@ class QTensor(torch.Tensor):
 
     def dequantize(self) -> torch.Tensor:  # type: ignore[override]
         return affine.dequantize_int(self._values(), self.scale, self.zero_point, self.axis)
+
+    def _scale_zp(self) -> tuple[float, int]:
+        """Per-tensor (scale, zero_point) as Python numbers, read from the tensors once (the
+        per-call hot paths key their caches on them; qparams are never modified in place)."""
+        numbers = self.__dict__.get("_numbers")
+        if numbers is None:
+            numbers = (float(self.scale), int(self.zero_point))
+            if not torch.compiler.is_compiling():
+                self._numbers = numbers
+        return numbers
 
     def _need_per_tensor(self, what: str) -> None:
         if self.axis is not None:

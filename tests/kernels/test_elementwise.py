@@ -116,3 +116,26 @@ def test_hot_signature_compiles_once_and_is_called_directly(big, monkeypatch):
     assert key in cpu_compiled._kernels and cpu_compiled._calls[key] == 3
     for out in outs:
         assert torch.equal(out, ref)
+
+
+def test_repeated_add_runs_a_bound_plan_and_stays_exact():
+    """From a signature's compilation on, a residual add repeats as one bound kernel call
+    (no checks, no lane walk); its integers stay torch's."""
+    from torchquant.nn.quantized import _binary
+    gen = torch.Generator().manual_seed(11)
+    a_f = torch.randn(1, 64, 16, 16, generator=gen).contiguous(memory_format=torch.channels_last)
+    b_f = torch.randn(1, 64, 16, 16, generator=gen).contiguous(memory_format=torch.channels_last)
+    qa = tq.quantize_per_tensor(a_f, 0.05, 120, tq.quint8)
+    qb = tq.quantize_per_tensor(b_f, 0.04, 130, tq.quint8)
+    qa = qa._with(qa.int_data.contiguous(memory_format=torch.channels_last))
+    qb = qb._with(qb.int_data.contiguous(memory_format=torch.channels_last))
+    theirs = torch.ops.quantized.add_relu(
+        torch.quantize_per_tensor(a_f, 0.05, 120, torch.quint8),
+        torch.quantize_per_tensor(b_f, 0.04, 130, torch.quint8), 0.07, 125)
+    key = _binary._plan_key(qa, qb, 0.07, 125, True)
+    _binary._ADD_PLANS.pop(key, None)
+    for _ in range(4):
+        ours = _binary.add(qa, qb, 0.07, 125, relu=True)
+        assert torch.equal(ours.int_repr(), theirs.int_repr())
+        assert ours.int_data.is_contiguous(memory_format=torch.channels_last)
+    assert key in _binary._ADD_PLANS

@@ -113,17 +113,25 @@ def hot_kernel(op: str, source: Callable, args: tuple) -> Optional[Callable[[lis
     return kernel
 
 
+def compiled(op: str, args: tuple) -> Optional[Callable[[list], Any]]:
+    """The static kernel of one of this module's ops (``args`` as the op takes them) once the
+    signature is hot; None before, or where compilation fails (then for good)."""
+    if op in _broken:
+        return None
+    try:
+        return hot_kernel(op, _SOURCES[op], args)
+    except Exception as exc:  # compilation unavailable: fall back for good
+        _broken.add(op)
+        log.warning("torchquant: compiled %s kernel unavailable (%s: %s); using the "
+                    "reference", op, type(exc).__name__, exc)
+        return None
+
+
 def _guarded(op: str):
     single = op != "fake_quantize"
 
     def run(*args):
-        try:
-            kernel = hot_kernel(op, _SOURCES[op], args)
-        except Exception as exc:  # compilation unavailable: fall back for good
-            _broken.add(op)
-            log.warning("torchquant: compiled %s kernel unavailable (%s: %s); using the "
-                        "reference", op, type(exc).__name__, exc)
-            kernel = None
+        kernel = compiled(op, args)
         if kernel is None:
             return _EAGER[op](*args)
         out = kernel([a for a in args if isinstance(a, torch.Tensor)])

@@ -15,7 +15,7 @@
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -64,8 +64,49 @@ def _add_constants(qd, a_s: float, a_z: int, b_s: float, b_z: int, scale: float,
     return constants
 
 
+# Ready-bound adds per (qparams, layout, threads, kernel mode): in a model each residual add
+# repeats one call, and the checks and views around the fused kernel cost more than the kernel
+# itself -- several times more right after a conv has flushed the caches (measured).
+_ADD_PLANS: dict[tuple, Callable] = {}
+
+
+def _plan_key(a: QTensor, b: QTensor, scale: float, zero_point: int, relu: bool):
+    if (type(a) is not QTensor or type(b) is not QTensor or a.axis is not None
+            or b.axis is not None or a.qdtype.is_sub_byte or torch.compiler.is_compiling()):
+        return None
+    va, vb = a.int_data, b.int_data
+    return (a.qdtype, b.qdtype, *a._scale_zp(), *b._scale_zp(), float(scale), int(zero_point),
+            relu, va.shape, va.stride(), vb.shape, vb.stride(), va.device,
+            torch.get_num_threads(), kernels.mode())
+
+
+def _add_plan(values_a: torch.Tensor, values_b: torch.Tensor, qd, operands: list,
+              out_scale: torch.Tensor, out_zp: torch.Tensor, relu: bool) -> Optional[Callable]:
+    """The add as one compiled-kernel call on flat views, where it is that (dense operands,
+    no tail elements, the compiled kernel chosen and hot); else None."""
+    lanes = _lanes.lane_count(qd.storage_dtype)
+    layout = _lanes.dense_layout([values_a, values_b], lanes, _lanes.suggested_format(values_a))
+    if layout is None:
+        return None
+    to_flat, from_flat = layout
+    flat_a = to_flat(values_a)
+    if kernels.get("add", flat_a) is not kernels.implementations("add")["cpu_compiled"].fn:
+        return None
+    from ...kernels import cpu_compiled
+    statics = (qd.qmin, qd.qmax, qd.storage_dtype, relu)
+    kernel = cpu_compiled.compiled("add", (flat_a, to_flat(values_b), *operands, *statics))
+    if kernel is None:
+        return None
+    return lambda x, y: QTensor(from_flat(kernel([to_flat(x), to_flat(y), *operands])[0]),
+                                out_scale, out_zp, qd)
+
+
 def add(a: QTensor, b: QTensor, scale: float, zero_point: int, relu: bool = False) -> QTensor:
     """``quantize(a + b)`` with output qparams (scale, zero_point); ``relu`` clamps at 0 first."""
+    key = _plan_key(a, b, scale, zero_point, relu)
+    plan = _ADD_PLANS.get(key) if key is not None else None
+    if plan is not None:  # this exact call was checked before
+        return plan(a.int_data, b.int_data)
     _same_dtype(a, b, "add_relu" if relu else "add")
     qd = a.qdtype
     a_s, a_z, b_s, b_z = float(a.scale), int(a.zero_point), float(b.scale), int(b.zero_point)
@@ -89,6 +130,12 @@ def add(a: QTensor, b: QTensor, scale: float, zero_point: int, relu: bool = Fals
 
     out = _lanes.apply([values_a, b._values()], vector_path, tail_path,
                        _lanes.lane_count(qd.storage_dtype), _lanes.suggested_format(values_a))
+    if key is not None and a.shape == b.shape:
+        plan = _add_plan(values_a, b._values(), qd, operands, out_scale, out_zp, relu)
+        if plan is not None:
+            if len(_ADD_PLANS) >= 256:
+                _ADD_PLANS.clear()
+            _ADD_PLANS[key] = plan
     return QTensor(out, out_scale, out_zp, qd)
 
 

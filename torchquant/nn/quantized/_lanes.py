@@ -21,7 +21,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-__all__ = ["lane_count", "tail_ranges", "suggested_format", "apply"]
+__all__ = ["lane_count", "tail_ranges", "suggested_format", "dense_layout", "apply"]
 
 _GRAIN_SIZE = 32768  # ATen's grain size for splitting a TensorIterator loop across threads
 
@@ -84,30 +84,29 @@ def _order(strides: Sequence[int], sizes: Sequence[int]) -> list[int]:
     return sorted(range(len(sizes)), key=lambda d: (-strides[d], -sizes[d]))
 
 
-def _dense_fast_path(inputs: Sequence[torch.Tensor], vector_fn: Callable[..., torch.Tensor],
-                     lanes: int, output_format: torch.memory_format) -> Optional[torch.Tensor]:
-    """The common case in one call: every operand dense in ``output_format`` (contiguous or
-    channels-last) and no thread chunk with a remainder, so every element takes the vector
-    path.  None where the general walk below is needed."""
+def dense_layout(inputs: Sequence[torch.Tensor], lanes: int,
+                 output_format: torch.memory_format) -> Optional[tuple[Callable, Callable]]:
+    """``(to_flat, from_flat)`` views for the common case -- every operand dense in
+    ``output_format`` (contiguous or channels-last) and no thread chunk with a remainder, so
+    every element takes the vector path -- or None where the general walk is needed."""
     first = inputs[0]
     if output_format == torch.contiguous_format:
         if not all(t.is_contiguous() for t in inputs):
             return None
-        to_flat, shape = (lambda t: t.view(-1)), None
+        shape = first.shape
+        to_flat = lambda t: t.view(-1)  # noqa: E731
+        from_flat = lambda flat: flat.view(shape)  # noqa: E731
     elif output_format == torch.channels_last and first.dim() == 4:
         if not all(t.is_contiguous(memory_format=torch.channels_last) for t in inputs):
             return None
-        to_flat = lambda t: t.permute(0, 2, 3, 1).reshape(-1)  # noqa: E731  (a view)
         n, c, h, w = first.shape
-        shape = (n, h, w, c)
+        to_flat = lambda t: t.permute(0, 2, 3, 1).reshape(-1)  # noqa: E731  (a view)
+        from_flat = lambda flat: flat.view(n, h, w, c).permute(0, 3, 1, 2)  # noqa: E731
     else:
         return None
     if tail_ranges(first.numel(), lanes):
         return None
-    out = vector_fn(*(to_flat(t) for t in inputs))
-    if shape is None:
-        return out.view(first.shape)
-    return out.view(shape).permute(0, 3, 1, 2)
+    return to_flat, from_flat
 
 
 def apply(inputs: Sequence[torch.Tensor], vector_fn: Callable[..., torch.Tensor],
@@ -125,9 +124,10 @@ def apply(inputs: Sequence[torch.Tensor], vector_fn: Callable[..., torch.Tensor]
         return vector_fn(*(t.reshape(-1) for t in inputs)).reshape(first.shape)
     if output_format is None:
         output_format = suggested_format(first)
-    dense = _dense_fast_path(inputs, vector_fn, lanes, output_format)
+    dense = dense_layout(inputs, lanes, output_format)
     if dense is not None:
-        return dense
+        to_flat, from_flat = dense
+        return from_flat(vector_fn(*(to_flat(t) for t in inputs)))
     out_strides = torch.empty(first.shape, device="meta", memory_format=output_format).stride()
     order = _order(out_strides, first.shape)
     permuted = [t.permute(order) for t in inputs]

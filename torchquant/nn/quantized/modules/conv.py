@@ -217,10 +217,11 @@ class _ConvNd(nn.Module):
         if q.qdtype is not _dt.quint8:
             raise TypeError(f"{op}: only quint8 inputs are supported, got {q.qdtype!r}")
         n = self._SPATIAL
-        if q.dim() != n + 2:
+        values = q.int_data  # (its shape is the QTensor's: no torch-function round trip)
+        if values.dim() != n + 2:
             raise ValueError(f"{op}: Input shape must be `{_INPUT_LAYOUT[n]}`! got shape "
                              f"{tuple(q.shape)}")
-        if q.size(1) != self.in_channels:
+        if values.size(1) != self.in_channels:
             raise ValueError(f"{op}: expected {self.in_channels} input channels, got input of "
                              f"shape {tuple(q.shape)}")
         return q
@@ -236,7 +237,8 @@ class _ConvNd(nn.Module):
             return _kconv.quantized_conv_transpose(
                 x_int, q.scale, q.zero_point, p, p.stride, p.padding, p.output_padding,
                 p.dilation, p.groups, float(self.scale), int(self.zero_point), relu=relu)
-        return _kconv.quantized_conv(x_int, float(q.scale), int(q.zero_point), p, p.stride,
+        x_scale, x_zp = q._scale_zp()
+        return _kconv.quantized_conv(x_int, x_scale, x_zp, p, p.stride,
                                      p.padding, p.dilation, p.groups, float(self.scale),
                                      int(self.zero_point), relu=relu)
 
