@@ -334,9 +334,15 @@ def quantize_finite_per_tensor(x: torch.Tensor, scale: float, zero_point: int, q
                                qmax: int, storage_dtype: torch.dtype) -> torch.Tensor:
     """:func:`quantize_int` (FMA rounding, per tensor) for float32 input already known to be
     finite -- dynamic quantization checked its min/max -- in four eager ops instead of the
-    kernel dispatch and NaN mask: the per-call cost that dominates small dynamic matmuls."""
-    inv = torch.reciprocal(torch.tensor(scale, dtype=torch.float32))
-    y = torch.addcmul(torch.tensor(float(zero_point), dtype=torch.float32), x, inv)
+    kernel dispatch and NaN mask: the per-call cost that dominates small dynamic matmuls.
+    Where a fast quantize kernel applies (large inputs) it runs instead: same integers."""
+    inv = torch.reciprocal(torch.tensor(scale, dtype=torch.float32, device=x.device))
+    zp = torch.tensor(float(zero_point), dtype=torch.float32, device=x.device)
+    from . import kernels
+    fn = kernels.get("quantize", x, mode=FMA, per_channel=False)
+    if fn is not kernels.implementations("quantize")["reference"].fn:
+        return fn(x, inv, zp, qmin, qmax, storage_dtype, FMA)  # one fused pass (large x)
+    y = torch.addcmul(zp, x, inv)
     return y.round_().clamp_(qmin, qmax).to(storage_dtype)
 
 

@@ -307,29 +307,36 @@ def test_per_token_matches_its_definition():
             assert_dynamic_close(per_token_dynamic_linear(x, packed, relu=relu), want.float())
 
 
-def test_per_token_fused_kernel_matches_eager_and_definition(monkeypatch):
-    """Large inputs run the per-token path as one compiled graph (row qparams, quantize,
-    _int_mm, rescale).  The integers are the same; the float rescale may round one ulp
-    differently where the C++ compiler fuses a multiply-add, hence the tiny tolerance."""
+def test_per_token_fast_path_matches_reference_and_definition(monkeypatch):
+    """On CPU the per-token Linear quantizes the rows in one compiled kernel (hot, large
+    shapes) and runs oneDNN's u8 GEMM with zero point 128 for the int8 integers shifted by
+    128: the integers equal the definition's; the float rescale rounds in another order than
+    the exact double reference, hence the small tolerance."""
     from torchquant.kernels import cpu_compiled, linear as klinear
     monkeypatch.setattr(cpu_compiled, "HOT_CALLS", 1)
     w_int, w_scale, w_zp, axis, _ = random_weight(48, 384, True)
     bias = torch.randn(48)
     packed = pack_linear_weight(w_int, w_scale, w_zp, axis, bias)
+    if packed.onednn_weight is None:
+        pytest.skip("oneDNN not available")
     x = torch.randn(64, 384) * torch.linspace(0.01, 20, 64)[:, None]
     assert x.numel() >= klinear.FUSED_DYNAMIC_MIN_NUMEL
     row_scale = torch.clamp(x.abs().amax(1) / 127, min=1e-5)
     x_q = torch.clamp(torch.round(x * (1.0 / row_scale[:, None])), -127, 127)
+    compiled_u8, compiled_scale = klinear._per_token_rows_u8(x)  # eager formula ...
+    assert torch.equal(compiled_u8.to(torch.int16) - 128, x_q.to(torch.int16))
     expected = (x_q.double() @ w_int.double().t()) * row_scale[:, None].double() \
         * w_scale.double() + bias.double()
     for relu in (False, True):
-        fused = per_token_dynamic_linear(x, packed, relu=relu)
-        monkeypatch.setattr(klinear, "FUSED_DYNAMIC_MIN_NUMEL", 1 << 62)
-        eager = per_token_dynamic_linear(x, packed, relu=relu)
-        monkeypatch.setattr(klinear, "FUSED_DYNAMIC_MIN_NUMEL", 1 << 14)
-        torch.testing.assert_close(fused, eager, rtol=1e-6, atol=1e-5)
-        assert_dynamic_close(fused, (torch.relu(expected) if relu else expected).float())
-    assert any(key[0] == "per_token_dynamic_linear" for key in cpu_compiled._kernels)
+        want = (torch.relu(expected) if relu else expected).float()
+        fast = per_token_dynamic_linear(x, packed, relu=relu)
+        assert_dynamic_close(fast, want)
+        with kernels.reference_only():
+            assert_dynamic_close(per_token_dynamic_linear(x, packed, relu=relu), want)
+    # ... and the compiled kernel, which served the calls above, gives the same integers
+    kernel = cpu_compiled._kernels[cpu_compiled._signature("per_token_rows_u8", (x,))]
+    got_u8, got_scale = kernel([x])
+    assert torch.equal(got_u8, compiled_u8) and torch.equal(got_scale, compiled_scale)
     bad = x.clone()
     bad[3, 5] = float("nan")
     with pytest.raises(ValueError, match="NaN or Inf"):

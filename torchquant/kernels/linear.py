@@ -431,10 +431,9 @@ def per_token_dynamic_linear(x_float: torch.Tensor, packed: PackedLinearWeight,
     ``acc * x_scale[row] * w_scale[col] + bias`` (``relu`` applied to the result).
     """
     def kernel(x2d: torch.Tensor) -> torch.Tensor:
-        fused = _fused_dynamic("per_token_dynamic_linear", _per_token_fused_source, x2d,
-                               packed, relu)
-        if fused is not None:
-            return fused
+        fast = _per_token_fast(x2d, packed, relu)
+        if fast is not None:
+            return fast
         mn, mx = torch.aminmax(x2d, dim=1)
         scale, _ = affine.choose_block_qparams(mn, mx, "SYMMETRIC", PER_TOKEN_QMIN,
                                                PER_TOKEN_QMAX, PER_TOKEN_EPS,
@@ -470,57 +469,58 @@ def _per_token_linear_int_mm(x_q, x_scale, packed, relu):
 
 
 # --------------------------------------------------------------------------------------------
-# Fused per-token path: row qparams, quantize, int8 GEMM and rescale in one static inductor
-# graph (cpu_compiled.hot_kernel), for the large repeated shapes of a model.  (The same fusion
-# of the per-tensor path measured slower than its eager ops: inductor's global min/max
-# reduction runs poorly, so that path stays eager.)
+# Fast per-token path (CPU): the rows quantized in one compiled pass, oneDNN's u8 x s8 GEMM
+# with the weight scales applied in its epilogue, one in-place rescale by the row scales
 # --------------------------------------------------------------------------------------------
 
-# Below this many activation elements the eager ops cost about what a kernel call does
-# (measured on the MiniLM shapes: 128 x 384 runs ~2x faster fused, 4096 x 384 ~2x).
+# From this many activation elements a hot shape's quantize runs as one compiled kernel; below,
+# its eager ops cost about what a kernel call does.
 FUSED_DYNAMIC_MIN_NUMEL = 1 << 14
 
 
-def _fused_dynamic(op: str, source: Callable, x2d: torch.Tensor, packed: PackedLinearWeight,
-                   relu: bool) -> Optional[torch.Tensor]:
-    """Run ``source`` -- ``(y, all_finite)`` from float ``x`` -- as one compiled graph where
-    it applies (CPU ``_int_mm`` weights; eager until the shape is hot).  None sends the caller
-    down its general path (which the reference mode forces)."""
-    from . import mode
-    if (mode() == "reference" or torch.compiler.is_compiling() or x2d.device.type != "cpu"
-            or x2d.numel() < FUSED_DYNAMIC_MIN_NUMEL or not _int_mm_applies(x2d, packed)):
-        return None
-    from . import cpu_compiled
-    if op in cpu_compiled._broken:
-        return None
-    x2d = x2d.contiguous()
-    bias = packed.bias if packed.bias is not None else torch.zeros_like(packed.channel_scale)
-    args = (x2d, packed.weight, packed.channel_scale, bias, relu)
-    try:
-        kernel = cpu_compiled.hot_kernel(op, source, args)
-    except Exception as exc:  # no compiler, or an inductor that cannot build it: stay eager
-        cpu_compiled._broken.add(op)
-        log.warning("torchquant: fused dynamic Linear unavailable (%s: %s)",
-                    type(exc).__name__, exc)
-        return None
-    if kernel is None:  # not hot yet: the same ops, eager
-        y, finite = source(*args)
-    else:
-        y, finite = kernel([a for a in args if isinstance(a, torch.Tensor)])
-    if not bool(finite):
-        raise ValueError(f"{op}: input contains NaN or Inf")
-    return y
-
-
-def _per_token_fused_source(x, weight, channel_scale, bias, relu):
-    """per_token_dynamic_linear's eager ops, written once more as one traceable function."""
+def _per_token_rows_u8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchao's per-token int8 integers, shifted by +128 into uint8 (oneDNN takes u8
+    activations; a zero point of 128 undoes the shift exactly), and the row scales."""
     from .reference import quantize_formula
     mn, mx = torch.aminmax(x, dim=1)
     scale, _ = affine.choose_block_qparams(mn, mx, "SYMMETRIC", PER_TOKEN_QMIN, PER_TOKEN_QMAX,
                                            PER_TOKEN_EPS, zero_point_domain="NONE")
     inv = affine.inv_scale_f32(scale).unsqueeze(1)
     x_q = quantize_formula(x, inv, torch.zeros_like(inv), PER_TOKEN_QMIN, PER_TOKEN_QMAX,
-                           torch.int8, affine.quantize_mode(_dt.qint8, per_channel=True))
-    y = torch._int_mm(x_q, weight.t()) * channel_scale
-    y = torch.addcmul(bias, y, scale.to(torch.float32).unsqueeze(1))
-    return (torch.relu(y) if relu else y), torch.isfinite(scale).all()
+                           torch.int8, affine.quantize_mode(_dt.qint8, per_channel=True),
+                           narrow_via_int32=True)
+    # int8 q + 128 as uint8 is q's bits with the sign bit flipped; inductor vectorises this
+    # form, an integer add with a cast to uint8 ran 3x slower (measured)
+    return torch.bitwise_xor(x_q.view(torch.uint8), _UINT8_TO_INT8_SHIFT), scale
+
+
+def _per_token_fast(x2d: torch.Tensor, packed: PackedLinearWeight,
+                    relu: bool) -> Optional[torch.Tensor]:
+    """The fast per-token Linear where it applies (CPU, oneDNN weight, auto kernel mode);
+    None sends the caller down the general path."""
+    from . import mode
+    if (mode() == "reference" or torch.compiler.is_compiling() or x2d.device.type != "cpu"
+            or packed.onednn_weight is None or x2d.size(0) < ONEDNN_MIN_ROWS):
+        return None
+    from . import cpu_compiled
+    x2d = x2d.contiguous()
+    kernel = None
+    if x2d.numel() >= FUSED_DYNAMIC_MIN_NUMEL and "per_token_rows_u8" not in cpu_compiled._broken:
+        try:
+            kernel = cpu_compiled.hot_kernel("per_token_rows_u8", _per_token_rows_u8, (x2d,))
+        except Exception as exc:  # no compiler, or an inductor that cannot build it
+            cpu_compiled._broken.add("per_token_rows_u8")
+            log.warning("torchquant: compiled per-token quantize unavailable (%s: %s)",
+                        type(exc).__name__, exc)
+    x_u8, scale = kernel([x2d]) if kernel is not None else _per_token_rows_u8(x2d)
+    if not bool(torch.isfinite(scale).all()):
+        raise ValueError("per_token_dynamic_linear: input contains NaN or Inf")
+    y = torch.ops.onednn.qlinear_pointwise(
+        x_u8, 1.0, _UINT8_TO_INT8_SHIFT, packed.onednn_weight, packed.channel_scale,
+        packed.channel_zero_point, None, 1.0, 0, torch.float32, "none", [], "")
+    row_scale = scale.to(torch.float32).unsqueeze(1)
+    if packed.bias is None:
+        y.mul_(row_scale)
+    else:
+        torch.addcmul(packed.bias, y, row_scale, out=y)
+    return y.relu_() if relu else y
