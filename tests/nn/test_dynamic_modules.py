@@ -394,3 +394,22 @@ def test_quantize_dynamic_uses_these_modules():
     x = torch.randn(3, 8)
     with torch.no_grad():
         assert sqnr(q(x), model(x)) >= 25
+
+
+def test_rnn_cell_pointwise_runs_compiled_and_matches_eager():
+    """The LSTM / GRU gate arithmetic after the hidden GEMM runs as one compiled kernel per
+    shape from the first call; inductor's sigmoid / tanh may round an ulp away from eager
+    torch's, hence the float tolerance."""
+    from torchquant.kernels import cpu_compiled
+    from torchquant.nn.quantized.dynamic.modules import rnn as R
+    gen = torch.Generator().manual_seed(5)
+    hh, ih = torch.randn(3, 4 * 16, generator=gen), torch.randn(5, 3, 4 * 16, generator=gen)
+    c = torch.randn(3, 16, generator=gen)
+    for source, state in ((R._lstm_pointwise, c), (R._gru_pointwise, c)):
+        width = 4 * 16 if source is R._lstm_pointwise else 3 * 16
+        args = (hh[:, :width], ih[2, :, :width], state)
+        got = R._pointwise(source, *args)
+        want = source(*args)
+        assert any(key[0] == source.__name__ for key in cpu_compiled._kernels)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)

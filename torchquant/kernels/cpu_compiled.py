@@ -96,15 +96,17 @@ def _build(source: Callable, args: tuple) -> Callable[[list], Any]:
     return lambda inputs: compiled(*inputs)
 
 
-def hot_kernel(op: str, source: Callable, args: tuple) -> Optional[Callable[[list], Any]]:
-    """The static kernel of ``source(*args)`` once this signature is hot, else None (run it
-    eager).  Call the kernel with the list of ``args``' tensors, in order; it returns a
-    tuple of outputs.  ``op`` names the formula: one name, one ``source``."""
+def hot_kernel(op: str, source: Callable, args: tuple,
+               hot_calls: Optional[int] = None) -> Optional[Callable[[list], Any]]:
+    """The static kernel of ``source(*args)`` once this signature is hot (its ``hot_calls``-th
+    call, default ``HOT_CALLS``), else None (run it eager).  Call the kernel with the list of
+    ``args``' tensors, in order; it returns a tuple of outputs.  ``op`` names the formula:
+    one name, one ``source``."""
     key = _signature(op, args)
     kernel = _kernels.get(key)
     if kernel is None:
         seen = _calls[key] = _calls.get(key, 0) + 1
-        if seen < HOT_CALLS:
+        if seen < (HOT_CALLS if hot_calls is None else hot_calls):
             return None
         if len(_kernels) >= MAX_KERNELS:
             _kernels.clear()

@@ -33,6 +33,7 @@ from torch.nn.utils.rnn import PackedSequence
 from ..... import affine
 from ..... import dtypes as _dt
 from ..... import kernels as _kernels
+from .....kernels import cpu_compiled as _cpu_compiled
 from .....kernels import linear as _klinear
 from .....qtensor import QTensor
 from .linear import (dynamic_weight_observer, quantize_dynamic_weight, to_float16_weight,
@@ -174,26 +175,47 @@ def _float_input(x: Any, what: str) -> Tensor:
 
 # Elementwise torch's cell arithmetic in torch's order, merged only where that changes no element
 # (one sigmoid over all four LSTM gates, the tanh gate taken apart; one add + sigmoid for GRU's
-# r and z).
+# r and z).  On CPU it runs as one compiled kernel per (batch, hidden) shape -- eight eager ops
+# on a few thousand elements cost ~60 us a time step, the kernel ~5 us -- built on the first
+# call, so every call of a shape takes the same path (inductor's sigmoid / tanh may round an
+# ulp away from eager torch's; the eager form runs only where no kernel can be built).
 
-def _lstm_cell(ih: Tensor, hidden: Hidden, w_hh: _GateWeight, reduce_range: bool) -> Hidden:
-    h, c = hidden
-    gates = w_hh.step(h, reduce_range).add_(ih)
+def _lstm_pointwise(hh: Tensor, ih: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    gates = hh + ih
     hs = gates.size(1) // 4
     i, f, _, o = gates.sigmoid().chunk(4, 1)
     g = gates[:, 2 * hs:3 * hs].tanh()
-    c = (f * c).add_(i * g)
+    c = f * c + i * g
     return o * c.tanh(), c
 
 
-def _gru_cell(ih: Tensor, hidden: Hidden, w_hh: _GateWeight, reduce_range: bool) -> Hidden:
-    h = hidden[0]
+def _gru_pointwise(hh: Tensor, ih: Tensor, h: Tensor) -> tuple[Tensor]:
     hs = h.size(1)
-    hh = w_hh.step(h, reduce_range)
-    rz = hh[:, :2 * hs].add_(ih[:, :2 * hs]).sigmoid_()
+    rz = (hh[:, :2 * hs] + ih[:, :2 * hs]).sigmoid()
     r, z = rz[:, :hs], rz[:, hs:]
-    n = ih[:, 2 * hs:].add(hh[:, 2 * hs:].mul_(r)).tanh_()
-    return ((h - n).mul_(z).add_(n),)
+    n = (ih[:, 2 * hs:] + hh[:, 2 * hs:] * r).tanh()
+    return ((h - n) * z + n,)
+
+
+def _pointwise(source: Callable, *args: Tensor) -> tuple:
+    if (args[0].device.type == "cpu" and _kernels.mode() == "auto"
+            and not torch.compiler.is_compiling() and source.__name__ not in _cpu_compiled._broken):
+        try:
+            kernel = _cpu_compiled.hot_kernel(source.__name__, source, args, hot_calls=1)
+        except Exception:  # no compiler: the eager form, for good
+            _cpu_compiled._broken.add(source.__name__)
+        else:
+            return tuple(kernel(list(args)))
+    return source(*args)
+
+
+def _lstm_cell(ih: Tensor, hidden: Hidden, w_hh: _GateWeight, reduce_range: bool) -> Hidden:
+    h, c = hidden
+    return _pointwise(_lstm_pointwise, w_hh.step(h, reduce_range), ih, c)
+
+
+def _gru_cell(ih: Tensor, hidden: Hidden, w_hh: _GateWeight, reduce_range: bool) -> Hidden:
+    return _pointwise(_gru_pointwise, w_hh.step(hidden[0], reduce_range), ih, hidden[0])
 
 
 def _simple_cell(activation: Callable[[Tensor], Tensor]):
