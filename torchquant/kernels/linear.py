@@ -36,9 +36,10 @@ __all__ = ["PackedLinearWeight", "pack_linear_weight", "quantized_linear", "dyna
 
 Scalar = Union[float, int, torch.Tensor]
 
-# Below this many rows ``_int_mm`` + epilogue beats oneDNN's per-call cost (measured, 2 cores:
-# at one row ~0.65x oneDNN's time; from two rows on ``_int_mm`` grows with the rows, oneDNN not).
-ONEDNN_MIN_ROWS = int(os.environ.get("TORCHQUANT_ONEDNN_MIN_ROWS", "2"))
+# Below this many rows ``_int_mm`` + epilogue is used instead of oneDNN.  On the AMX Xeon of
+# the benchmarks oneDNN wins from one row (1x768x3072: 48 us against _int_mm's 131 us; an AMD
+# EPYC measured earlier favoured _int_mm at one row), so oneDNN takes every row count.
+ONEDNN_MIN_ROWS = int(os.environ.get("TORCHQUANT_ONEDNN_MIN_ROWS", "1"))
 log = logging.getLogger("torchquant")
 _UINT8_TO_INT8_SHIFT = 128
 _SIGN_BIT = torch.tensor(-128, dtype=torch.int8)  # x_u8 ^ 0x80 viewed as int8 == x_u8 - 128
