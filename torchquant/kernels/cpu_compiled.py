@@ -57,7 +57,6 @@ _EAGER = {"quantize": quantize_formula, "dequantize": dequantize_formula,
 # Below these sizes the eager formula costs about what a kernel call does (measured).
 _MIN_NUMEL = {"quantize": 1 << 15, "dequantize": 1 << 15, "fake_quantize": 1 << 15,
               "add": 1 << 13}
-MIN_NUMEL = _MIN_NUMEL  # the thresholds, by op (tests read them)
 
 
 def _signature(op: str, args: tuple) -> tuple:
@@ -115,17 +114,19 @@ def hot_kernel(op: str, source: Callable, args: tuple,
     return kernel
 
 
-def compiled(op: str, args: tuple) -> Optional[Callable[[list], Any]]:
-    """The static kernel of one of this module's ops (``args`` as the op takes them) once the
-    signature is hot; None before, or where compilation fails (then for good)."""
+def compiled(op: str, args: tuple, source: Optional[Callable] = None,
+             hot_calls: Optional[int] = None) -> Optional[Callable[[list], Any]]:
+    """:func:`hot_kernel` of ``source`` (default: this module's formula ``op``), or None
+    before the signature is hot or where compilation fails -- then for good, logged once:
+    the caller runs its eager form."""
     if op in _broken:
         return None
     try:
-        return hot_kernel(op, _SOURCES[op], args)
-    except Exception as exc:  # compilation unavailable: fall back for good
+        return hot_kernel(op, _SOURCES[op] if source is None else source, args, hot_calls)
+    except Exception as exc:  # no C++ compiler, or an inductor that cannot build it
         _broken.add(op)
-        log.warning("torchquant: compiled %s kernel unavailable (%s: %s); using the "
-                    "reference", op, type(exc).__name__, exc)
+        log.warning("torchquant: compiled %s kernel unavailable (%s: %s); using the eager "
+                    "form", op, type(exc).__name__, exc)
         return None
 
 

@@ -21,7 +21,6 @@ import functools
 import math
 import os
 from dataclasses import dataclass, field
-import logging
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -40,7 +39,6 @@ Scalar = Union[float, int, torch.Tensor]
 # the benchmarks oneDNN wins from one row (1x768x3072: 48 us against _int_mm's 131 us; an AMD
 # EPYC measured earlier favoured _int_mm at one row), so oneDNN takes every row count.
 ONEDNN_MIN_ROWS = int(os.environ.get("TORCHQUANT_ONEDNN_MIN_ROWS", "1"))
-log = logging.getLogger("torchquant")
 _UINT8_TO_INT8_SHIFT = 128
 _SIGN_BIT = torch.tensor(-128, dtype=torch.int8)  # x_u8 ^ 0x80 viewed as int8 == x_u8 - 128
 _EPILOGUE_CACHE_SIZE = 8
@@ -435,10 +433,7 @@ def per_token_dynamic_linear(x_float: torch.Tensor, packed: PackedLinearWeight,
         fast = _per_token_fast(x2d, packed, relu)
         if fast is not None:
             return fast
-        mn, mx = torch.aminmax(x2d, dim=1)
-        scale, _ = affine.choose_block_qparams(mn, mx, "SYMMETRIC", PER_TOKEN_QMIN,
-                                               PER_TOKEN_QMAX, PER_TOKEN_EPS,
-                                               zero_point_domain="NONE")
+        scale = _per_token_scale(x2d)
         if not torch.compiler.is_compiling() and not bool(torch.isfinite(scale).all()):
             raise ValueError("per_token_dynamic_linear: input contains NaN or Inf")
         zero_point = torch.zeros_like(scale, dtype=torch.int64)
@@ -460,13 +455,26 @@ def _per_token_linear_reference(x_q, x_scale, packed, relu):
 @register("per_token_linear", "int_mm", devices=("cpu", "cuda"), applies=_int_mm_applies)
 def _per_token_linear_int_mm(x_q, x_scale, packed, relu):
     acc = torch._int_mm(x_q, packed.weight.t())
-    y = acc * packed.channel_scale
-    row_scale = x_scale.to(torch.float32).unsqueeze(1)
+    return _row_rescale_(acc * packed.channel_scale, x_scale, packed, relu)
+
+
+def _row_rescale_(y: torch.Tensor, row_scale: torch.Tensor, packed: PackedLinearWeight,
+                  relu: bool) -> torch.Tensor:
+    """``y * row_scale[:, None] + bias`` (ReLU'd) in place: the per-token epilogue."""
+    row_scale = row_scale.to(torch.float32).unsqueeze(1)
     if packed.bias is None:
         y.mul_(row_scale)
     else:
         torch.addcmul(packed.bias, y, row_scale, out=y)
     return y.relu_() if relu else y
+
+
+def _per_token_scale(x: torch.Tensor) -> torch.Tensor:
+    """torchao's per-token rule: one symmetric scale per row, max|row| / 127 floored at eps."""
+    mn, mx = torch.aminmax(x, dim=1)
+    scale, _ = affine.choose_block_qparams(mn, mx, "SYMMETRIC", PER_TOKEN_QMIN, PER_TOKEN_QMAX,
+                                           PER_TOKEN_EPS, zero_point_domain="NONE")
+    return scale
 
 
 # --------------------------------------------------------------------------------------------
@@ -483,9 +491,7 @@ def _per_token_rows_u8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """torchao's per-token int8 integers, shifted by +128 into uint8 (oneDNN takes u8
     activations; a zero point of 128 undoes the shift exactly), and the row scales."""
     from .reference import quantize_formula
-    mn, mx = torch.aminmax(x, dim=1)
-    scale, _ = affine.choose_block_qparams(mn, mx, "SYMMETRIC", PER_TOKEN_QMIN, PER_TOKEN_QMAX,
-                                           PER_TOKEN_EPS, zero_point_domain="NONE")
+    scale = _per_token_scale(x)
     inv = affine.inv_scale_f32(scale).unsqueeze(1)
     x_q = quantize_formula(x, inv, torch.zeros_like(inv), PER_TOKEN_QMIN, PER_TOKEN_QMAX,
                            torch.int8, affine.quantize_mode(_dt.qint8, per_channel=True),
@@ -505,23 +511,12 @@ def _per_token_fast(x2d: torch.Tensor, packed: PackedLinearWeight,
         return None
     from . import cpu_compiled
     x2d = x2d.contiguous()
-    kernel = None
-    if x2d.numel() >= FUSED_DYNAMIC_MIN_NUMEL and "per_token_rows_u8" not in cpu_compiled._broken:
-        try:
-            kernel = cpu_compiled.hot_kernel("per_token_rows_u8", _per_token_rows_u8, (x2d,))
-        except Exception as exc:  # no compiler, or an inductor that cannot build it
-            cpu_compiled._broken.add("per_token_rows_u8")
-            log.warning("torchquant: compiled per-token quantize unavailable (%s: %s)",
-                        type(exc).__name__, exc)
+    kernel = (cpu_compiled.compiled("per_token_rows_u8", (x2d,), _per_token_rows_u8)
+              if x2d.numel() >= FUSED_DYNAMIC_MIN_NUMEL else None)
     x_u8, scale = kernel([x2d]) if kernel is not None else _per_token_rows_u8(x2d)
     if not bool(torch.isfinite(scale).all()):
         raise ValueError("per_token_dynamic_linear: input contains NaN or Inf")
     y = torch.ops.onednn.qlinear_pointwise(
         x_u8, 1.0, _UINT8_TO_INT8_SHIFT, packed.onednn_weight, packed.channel_scale,
         packed.channel_zero_point, None, 1.0, 0, torch.float32, "none", [], "")
-    row_scale = scale.to(torch.float32).unsqueeze(1)
-    if packed.bias is None:
-        y.mul_(row_scale)
-    else:
-        torch.addcmul(packed.bias, y, row_scale, out=y)
-    return y.relu_() if relu else y
+    return _row_rescale_(y, scale, packed, relu)

@@ -199,12 +199,9 @@ def _gru_pointwise(hh: Tensor, ih: Tensor, h: Tensor) -> tuple[Tensor]:
 
 def _pointwise(source: Callable, *args: Tensor) -> tuple:
     if (args[0].device.type == "cpu" and _kernels.mode() == "auto"
-            and not torch.compiler.is_compiling() and source.__name__ not in _cpu_compiled._broken):
-        try:
-            kernel = _cpu_compiled.hot_kernel(source.__name__, source, args, hot_calls=1)
-        except Exception:  # no compiler: the eager form, for good
-            _cpu_compiled._broken.add(source.__name__)
-        else:
+            and not torch.compiler.is_compiling()):
+        kernel = _cpu_compiled.compiled(source.__name__, args, source, hot_calls=1)
+        if kernel is not None:
             return tuple(kernel(list(args)))
     return source(*args)
 
