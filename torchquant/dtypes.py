@@ -110,6 +110,12 @@ def _qdtype_by_name(name: str) -> QDType:
     return QDType._registry[name]
 
 
+def qdtype_of(x: Any) -> QDType:
+    """:func:`to_qdtype`, also taking a QDType's name (``"quint8"``): the form graphs and op
+    schemas carry, since a QDType object is not a graph constant."""
+    return QDType._registry[x] if isinstance(x, str) else to_qdtype(x)
+
+
 def _qscheme_by_name(name: str) -> QScheme:
     return QScheme._registry[name]
 

@@ -14,11 +14,11 @@ from collections import namedtuple
 from typing import Any, Callable, Optional, Sequence
 
 import torch
-from torch.utils._pytree import tree_map
 
 from . import affine
 from . import dtypes as _dt
 from .dtypes import QDType, QScheme
+from .ops import quantize as ops_quantize
 
 __all__ = ["QTensor"]
 
@@ -54,12 +54,18 @@ class QTensor(torch.Tensor):
         handler = _FUNCTIONS.get(func)
         if handler is not None:
             return handler(*args, **(kwargs or {}))
+        if func in _LAYOUT_FUNCTIONS and args and _traced_per_tensor(args[0]):
+            # While traced, a per-tensor QTensor's layout ops act on its integers directly:
+            # export's and dynamo's tracers do not re-dispatch these to __torch_dispatch__.
+            return _rewrap(args[0], func(args[0].int_data, *args[1:], **(kwargs or {})))
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **(kwargs or {}))
 
     @staticmethod
     def __new__(cls, int_data: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
-                qdtype: QDType, axis: Optional[int] = None, shape: Optional[Sequence[int]] = None):
+                qdtype: QDType, axis: Optional[int] = None, shape: Optional[Sequence[int]] = None,
+                numbers: Optional[tuple[float, int]] = None):
+        qdtype = _dt.qdtype_of(qdtype)
         if qdtype.is_sub_byte:
             shape = tuple(shape)
             strides, offset = _contiguous_strides(shape), 0
@@ -69,12 +75,16 @@ class QTensor(torch.Tensor):
             cls, shape, strides=strides, storage_offset=offset, dtype=qdtype.storage_dtype,
             device=int_data.device, requires_grad=False)
 
-    def __init__(self, int_data, scale, zero_point, qdtype, axis=None, shape=None):
+    def __init__(self, int_data, scale, zero_point, qdtype, axis=None, shape=None, numbers=None):
         self.int_data = int_data
         self.scale = scale
         self.zero_point = zero_point
-        self.qdtype = qdtype
+        self.qdtype = _dt.qdtype_of(qdtype)
         self.axis = axis
+        if numbers is not None:
+            # (scale, zero_point) as Python numbers, equal to the tensors: read by the hot
+            # paths, and what graphs see as constants (they travel in __tensor_flatten__).
+            self._numbers = numbers
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -111,28 +121,29 @@ class QTensor(torch.Tensor):
         """:meth:`from_int` for the per-call outputs of quantized modules (8/32-bit storage):
         each distinct (scale, zero_point, qdtype) is validated and made into 0-d tensors once,
         then shared -- QTensor qparams are never modified in place."""
-        if (int_data.dtype != qdtype.storage_dtype or qdtype.is_sub_byte
-                or torch.compiler.is_compiling()):
+        if int_data.dtype != qdtype.storage_dtype or qdtype.is_sub_byte:
             return cls.from_int(int_data, scale, zero_point, qdtype)
         key = (float(scale), int(zero_point), qdtype)
+        if torch.compiler.is_compiling():  # no shared cache while dynamo traces
+            scale_t, zp_t = _normalise_qparams(key[0], key[1], qdtype, None, ())
+            return cls(int_data, scale_t, zp_t, qdtype.name, numbers=key[:2])
         qparams = _SHARED_QPARAMS.get(key)
         if qparams is None:
             if len(_SHARED_QPARAMS) >= 4096:
                 _SHARED_QPARAMS.clear()
             qparams = _SHARED_QPARAMS[key] = _normalise_qparams(key[0], key[1], qdtype, None, ())
-        out = cls(int_data, qparams[0], qparams[1], qdtype)
-        out._numbers = key[:2]
-        return out
+        return cls(int_data, qparams[0], qparams[1], qdtype, numbers=key[:2])
 
     # ---- tracing / serialization --------------------------------------------------------------
     def __tensor_flatten__(self):
-        return ["int_data", "scale", "zero_point"], (self.qdtype, self.axis, tuple(self.shape))
+        return ["int_data", "scale", "zero_point"], (self.qdtype, self.axis, tuple(self.shape),
+                                                     self.__dict__.get("_numbers"))
 
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
-        qdtype, axis, shape = ctx
+        qdtype, axis, shape, numbers = ctx
         return QTensor(inner["int_data"], inner["scale"], inner["zero_point"], qdtype, axis,
-                       outer_size if qdtype.is_sub_byte else None)
+                       outer_size if qdtype.is_sub_byte else None, numbers)
 
     def __reduce_ex__(self, protocol):
         return (_rebuild_qtensor, (self.int_data, self.scale, self.zero_point, self.qdtype.name,
@@ -186,6 +197,9 @@ class QTensor(torch.Tensor):
         return int(self.axis)
 
     def dequantize(self) -> torch.Tensor:  # type: ignore[override]
+        numbers = self.__dict__.get("_numbers")
+        if numbers is not None and not self.qdtype.is_sub_byte:
+            return ops_quantize.dequantize_per_tensor(self.int_data, *numbers)
         return affine.dequantize_int(self._values(), self.scale, self.zero_point, self.axis)
 
     def _scale_zp(self) -> tuple[float, int]:
@@ -299,6 +313,31 @@ def _normalise_qparams(scale: Any, zero_point: Any, qdtype: QDType, axis: Option
         zp_t = zp_t.to(torch.int64)
     affine.check_zero_point(zp_t, qdtype, "zero_points")
     return scale_t.to(scale_t.device), zp_t
+
+
+# Layout-only functions: on a per-tensor QTensor they are the same function of its integers.
+_LAYOUT_FUNCTIONS = frozenset({
+    torch.Tensor.view, torch.Tensor.reshape, torch.reshape, torch.Tensor.flatten, torch.flatten,
+    torch.Tensor.permute, torch.permute, torch.Tensor.transpose, torch.transpose,
+    torch.Tensor.contiguous, torch.Tensor.squeeze, torch.squeeze, torch.Tensor.unsqueeze,
+    torch.unsqueeze, torch.Tensor.__getitem__, torch.Tensor.narrow, torch.narrow,
+    torch.Tensor.select, torch.select, torch.Tensor.expand, torch.Tensor.clone, torch.clone,
+    torch.Tensor.detach, torch.detach,
+    torch.Tensor.chunk, torch.chunk, torch.Tensor.split, torch.split, torch.Tensor.unbind,
+    torch.unbind, torch.Tensor.t, torch.t,
+})
+
+
+def _traced_per_tensor(q: Any) -> bool:
+    return (type(q) is QTensor and q.axis is None and not q.qdtype.is_sub_byte
+            and "_numbers" in q.__dict__
+            and (type(q.int_data) is not torch.Tensor or torch.compiler.is_compiling()))
+
+
+def _rewrap(q: QTensor, out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return QTensor(out, q.scale, q.zero_point, q.qdtype.name, numbers=q._numbers)
+    return type(out)(_rewrap(q, o) for o in out)
 
 
 def _is_symbolic(t: torch.Tensor) -> bool:

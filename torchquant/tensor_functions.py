@@ -10,6 +10,7 @@ import torch
 
 from . import affine
 from . import dtypes as _dt
+from .ops import quantize as ops_quantize
 from .qtensor import QTensor, _normalise_qparams
 
 __all__ = ["quantize_per_tensor", "quantize_per_channel", "dequantize",
@@ -54,6 +55,13 @@ def quantize_per_tensor(input: Union[torch.Tensor, Sequence[torch.Tensor]], scal
         return tuple(quantize_per_tensor(t, scales[i], zps[i], qdtype) for i, t in enumerate(input))
     x = _check_float_input(input, "quantize_per_tensor")
     scale_t, zp_t = _normalise_qparams(scale, zero_point, qdtype, None, x.shape)
+    if isinstance(scale, (int, float)) and isinstance(zero_point, int) and not qdtype.is_sub_byte:
+        # Python-number qparams (a converted model's): the op a graph can hold as one node,
+        # and the numbers kept on the result for the ops that follow.
+        numbers = (float(scale), int(zero_point))
+        values = ops_quantize.quantize_per_tensor(x, *numbers, qdtype)
+        return QTensor(values, scale_t.to(x.device), zp_t.to(x.device), qdtype.name,
+                       numbers=numbers)
     return _make(x, scale_t, zp_t, qdtype, None)
 
 

@@ -83,6 +83,7 @@ def test_large_quantized_add_matches_torch_and_reference(channels_last, relu):
     import torchquant as tq
     from torchquant import kernels
     from torchquant.nn.quantized import _binary
+    from torchquant.ops import binary as ops_binary
     gen = torch.Generator().manual_seed(7)
     a_f, b_f = torch.randn(2, 64, 24, 24, generator=gen), torch.randn(2, 64, 24, 24, generator=gen)
     if channels_last:
@@ -122,6 +123,7 @@ def test_repeated_add_runs_a_bound_plan_and_stays_exact():
     """From a signature's compilation on, a residual add repeats as one bound kernel call
     (no checks, no lane walk); its integers stay torch's."""
     from torchquant.nn.quantized import _binary
+    from torchquant.ops import binary as ops_binary
     gen = torch.Generator().manual_seed(11)
     a_f = torch.randn(1, 64, 16, 16, generator=gen).contiguous(memory_format=torch.channels_last)
     b_f = torch.randn(1, 64, 16, 16, generator=gen).contiguous(memory_format=torch.channels_last)
@@ -132,10 +134,11 @@ def test_repeated_add_runs_a_bound_plan_and_stays_exact():
     theirs = torch.ops.quantized.add_relu(
         torch.quantize_per_tensor(a_f, 0.05, 120, torch.quint8),
         torch.quantize_per_tensor(b_f, 0.04, 130, torch.quint8), 0.07, 125)
-    key = _binary._plan_key(qa, qb, 0.07, 125, True)
-    _binary._ADD_PLANS.pop(key, None)
+    key = ops_binary._plan_key(qa.int_data, 0.05, 120, qb.int_data, 0.04, 130, 0.07, 125,
+                               tq.quint8, True)
+    ops_binary._ADD_PLANS.pop(key, None)
     for _ in range(4):
         ours = _binary.add(qa, qb, 0.07, 125, relu=True)
         assert torch.equal(ours.int_repr(), theirs.int_repr())
         assert ours.int_data.is_contiguous(memory_format=torch.channels_last)
-    assert key in _binary._ADD_PLANS
+    assert key in ops_binary._ADD_PLANS

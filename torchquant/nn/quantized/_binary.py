@@ -1,7 +1,7 @@
 """Quantized add / mul / cat / matmul / prelu with the numerics of torch's ``quantized::`` ops.
 
 * ``add`` (and ``add_relu``) dequantizes both operands, adds in float and requantizes, with the
-  two rounding paths of :mod:`._lanes`.
+  two rounding paths of :mod:`torchquant.ops._lanes`.
 * ``mul`` multiplies the zero-point-shifted integers exactly and requantizes the product with
   the float32 multiplier ``in_scale_a * in_scale_b * (1 / out_scale)``.
 * ``add_scalar`` / ``mul_scalar`` choose the output qparams so that the integers barely
@@ -15,14 +15,14 @@
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Sequence
 
 import torch
 
-from ... import affine, kernels
+from ... import affine
 from ...qtensor import QTensor
-from . import _lanes
-from ._validation import require_per_tensor, require_quantized
+from ...ops import binary as _ops_binary
+from ._validation import require_quantized
 
 __all__ = ["add", "mul", "add_scalar", "mul_scalar", "cat", "matmul", "prelu"]
 
@@ -41,102 +41,16 @@ def _f32(value: float, device: torch.device) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float32, device=device)
 
 
-_ADD_CONSTANTS: dict[tuple, tuple] = {}  # a calibrated model reuses a handful of qparam sets
-
-
-def _add_constants(qd, a_s: float, a_z: int, b_s: float, b_z: int, scale: float,
-                   zero_point: int, device: torch.device) -> tuple:
-    """The fused kernel's 0-d operands and the output's checked qparams, made once per set."""
-    key = (qd, a_s, a_z, b_s, b_z, float(scale), int(zero_point), device)
-    constants = _ADD_CONSTANTS.get(key)
-    if constants is None:
-        # from_int validates the output qparams (positive finite scale, zero point in range).
-        proto = QTensor.from_int(torch.empty(0, dtype=qd.storage_dtype), scale, zero_point, qd)
-        f32 = torch.float32
-        xs, ys = _f32(a_s, device), _f32(b_s, device)
-        inv_out = affine.inv_scale_f32(torch.tensor(float(scale), device=device)).to(f32)
-        constants = (xs, xs * _f32(-float(a_z), device), ys, ys * _f32(-float(b_z), device),
-                     inv_out, torch.tensor(float(zero_point), dtype=f32, device=device),
-                     proto.scale, proto.zero_point)
-        if len(_ADD_CONSTANTS) >= 256:
-            _ADD_CONSTANTS.clear()
-        _ADD_CONSTANTS[key] = constants
-    return constants
-
-
-# Ready-bound adds per (qparams, layout, threads, kernel mode): in a model each residual add
-# repeats one call, and the checks and views around the fused kernel cost more than the kernel
-# itself -- several times more right after a conv has flushed the caches (measured).
-_ADD_PLANS: dict[tuple, Callable] = {}
-
-
-def _plan_key(a: QTensor, b: QTensor, scale: float, zero_point: int, relu: bool):
-    if (type(a) is not QTensor or type(b) is not QTensor or a.axis is not None
-            or b.axis is not None or a.qdtype.is_sub_byte or torch.compiler.is_compiling()):
-        return None
-    va, vb = a.int_data, b.int_data
-    return (a.qdtype, b.qdtype, *a._scale_zp(), *b._scale_zp(), float(scale), int(zero_point),
-            relu, va.shape, va.stride(), vb.shape, vb.stride(), va.device,
-            torch.get_num_threads(), kernels.mode())
-
-
-def _add_plan(values_a: torch.Tensor, values_b: torch.Tensor, qd, operands: list,
-              out_scale: torch.Tensor, out_zp: torch.Tensor, relu: bool) -> Optional[Callable]:
-    """The add as one compiled-kernel call on flat views, where it is that (dense operands,
-    no tail elements, the compiled kernel chosen and hot); else None."""
-    lanes = _lanes.lane_count(qd.storage_dtype)
-    layout = _lanes.dense_layout([values_a, values_b], lanes, _lanes.suggested_format(values_a))
-    if layout is None:
-        return None
-    to_flat, from_flat = layout
-    flat_a = to_flat(values_a)
-    if kernels.get("add", flat_a) is not kernels.implementations("add")["cpu_compiled"].fn:
-        return None
-    from ...kernels import cpu_compiled
-    statics = (qd.qmin, qd.qmax, qd.storage_dtype, relu)
-    kernel = cpu_compiled.compiled("add", (flat_a, to_flat(values_b), *operands, *statics))
-    if kernel is None:
-        return None
-    return lambda x, y: QTensor(from_flat(kernel([to_flat(x), to_flat(y), *operands])[0]),
-                                out_scale, out_zp, qd)
-
-
 def add(a: QTensor, b: QTensor, scale: float, zero_point: int, relu: bool = False) -> QTensor:
     """``quantize(a + b)`` with output qparams (scale, zero_point); ``relu`` clamps at 0 first."""
-    key = _plan_key(a, b, scale, zero_point, relu)
-    plan = _ADD_PLANS.get(key) if key is not None else None
-    if plan is not None:  # this exact call was checked before
-        return plan(a.int_data, b.int_data)
-    _same_dtype(a, b, "add_relu" if relu else "add")
+    if type(a) is not QTensor or type(b) is not QTensor or a.qdtype is not b.qdtype:
+        _same_dtype(a, b, "add_relu" if relu else "add")
+    a_s, a_z = a._scale_zp()
+    b_s, b_z = b._scale_zp()
     qd = a.qdtype
-    a_s, a_z, b_s, b_z = float(a.scale), int(a.zero_point), float(b.scale), int(b.zero_point)
-    values_a = a._values()
-    *operands, out_scale, out_zp = _add_constants(qd, a_s, a_z, b_s, b_z, scale, zero_point,
-                                                  values_a.device)
-    inv_out = operands[4]
-
-    def vector_path(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        # One fused kernel (compiled on CPU for large tensors): the formula of
-        # affine.dequantize_int_premul for both operands, then ROUND_ADD requantization.
-        return kernels.get("add", x)(x, y, *operands, qd.qmin, qd.qmax, qd.storage_dtype, relu)
-
-    def tail_path(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        total = (affine.dequantize_int(x, a.scale, a.zero_point)
-                 + affine.dequantize_int(y, b.scale, b.zero_point))
-        if relu:
-            total = torch.clamp(total, min=0.0)
-        return affine.quantize_with_multiplier(total, inv_out, zero_point, qd.qmin, qd.qmax,
-                                               qd.storage_dtype, affine.MUL_ADD)
-
-    out = _lanes.apply([values_a, b._values()], vector_path, tail_path,
-                       _lanes.lane_count(qd.storage_dtype), _lanes.suggested_format(values_a))
-    if key is not None and a.shape == b.shape:
-        plan = _add_plan(values_a, b._values(), qd, operands, out_scale, out_zp, relu)
-        if plan is not None:
-            if len(_ADD_PLANS) >= 256:
-                _ADD_PLANS.clear()
-            _ADD_PLANS[key] = plan
-    return QTensor(out, out_scale, out_zp, qd)
+    out = _ops_binary.add(a._values(), a_s, a_z, b._values(), b_s, b_z, float(scale),
+                          int(zero_point), qd, relu)
+    return QTensor.from_int_per_tensor(out, scale, zero_point, qd)
 
 
 def mul(a: QTensor, b: QTensor, scale: float, zero_point: int, relu: bool = False) -> QTensor:

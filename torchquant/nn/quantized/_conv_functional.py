@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ... import affine
 from ... import dtypes as _dt
-from ...kernels import conv as _kconv
+from ...ops import conv as ops_conv
 from ...qtensor import QTensor
 from ._validation import require_quantized
 
@@ -43,11 +43,9 @@ def _conv(n: int, input: Any, weight: Any, bias: Optional[torch.Tensor], stride:
                          f"got shape {tuple(weight.shape)}")
     if bias is not None:
         bias = bias.detach().float()
-    packed = _kconv.pack_conv_weight(weight.int_data, weight.scale, weight.zero_point,
-                                     weight.axis, bias, stride, padding, dilation, groups)
-    out = _kconv.quantized_conv(q.int_data, q.scale, q.zero_point, packed, packed.stride,
-                                packed.padding, packed.dilation, packed.groups, float(scale),
-                                int(zero_point))
+    packed = ops_conv.pack_conv_weight(weight.int_data, weight.scale, weight.zero_point,
+                                       weight.axis, bias, stride, padding, dilation, groups)
+    out = ops_conv.conv(q.int_data, *q._scale_zp(), packed, float(scale), int(zero_point))
     return QTensor.from_int(out, float(scale), int(zero_point), _dt.quint8)
 
 
@@ -80,7 +78,7 @@ def conv3d(input: QTensor, weight: QTensor, bias: Optional[torch.Tensor], stride
 
 
 def _conv_float_out(x_int: torch.Tensor, x_scale: Any, x_zero_point: Any,
-                    packed: _kconv.PackedConvWeight) -> torch.Tensor:
+                    packed: ops_conv.PackedConvWeight) -> torch.Tensor:
     """The float result ``conv(x_hat, w_hat, bias)`` before requantization (what a fused
     post-op such as an add works on)."""
     x_hat = affine.dequantize_int(x_int.contiguous(), torch.as_tensor(x_scale),

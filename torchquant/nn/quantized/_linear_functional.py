@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from ...kernels import linear as _klinear
+from ...ops import linear as ops_linear
 from ...qtensor import QTensor
 from ._validation import require_quantized
 
@@ -23,8 +23,8 @@ def linear(input: QTensor, weight: QTensor, bias: Optional[torch.Tensor] = None,
                         f"{type(weight).__name__}")
     scale = q.q_scale() if scale is None else float(scale)
     zero_point = q.q_zero_point() if zero_point is None else int(zero_point)
-    packed = _klinear.pack_linear_weight(weight.int_data, weight.scale, weight.zero_point,
-                                         weight.axis, bias)
-    out = _klinear.quantized_linear(q.int_data, q.scale, q.zero_point, packed, scale,
-                                    zero_point, q.qdtype)
+    packed = ops_linear.pack_linear_weight(weight.int_data, weight.scale, weight.zero_point,
+                                           weight.axis, bias)
+    out = ops_linear.linear(q.int_data, *q._scale_zp(), packed, scale, zero_point,
+                            q.qdtype.storage_dtype)
     return QTensor.from_int(out, scale, zero_point, q.qdtype)

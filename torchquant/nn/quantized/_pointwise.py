@@ -18,7 +18,7 @@ import torch
 from ... import affine
 from ... import dtypes as _dt
 from ...qtensor import QTensor
-from . import _lanes
+from ...ops import _lanes
 
 __all__ = ["store_inplace", "map_dequantized", "clamp", "sigmoid", "tanh", "hardsigmoid",
            "hardswish", "elu", "celu", "leaky_relu", "threshold", "fixed_qparams"]

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .... import dtypes as _dt
-from ....kernels import conv as _kconv
+from ....ops import conv as ops_conv
 from ....qtensor import QTensor
 from ....tensor_functions import quantize_per_channel, quantize_per_tensor
 from ...intrinsic.modules import fused as _fused
@@ -194,7 +194,7 @@ class _ConvNd(nn.Module):
                                 f"{type(b).__name__} of dtype {getattr(b, 'dtype', None)}")
             b = b.detach().float()
         padding = self.padding if self.padding_mode == "zeros" else (0,) * self._SPATIAL
-        self._packed_params = _kconv.pack_conv_weight(
+        self._packed_params = ops_conv.pack_conv_weight(
             w.int_data, w.scale, w.zero_point, w.axis, b, self.stride, padding, self.dilation,
             self.groups, transposed=self.transposed, output_padding=self.output_padding)
 
@@ -233,14 +233,9 @@ class _ConvNd(nn.Module):
 
     def _conv_int(self, x_int: torch.Tensor, q: QTensor, relu: bool) -> torch.Tensor:
         p = self._packed_params
-        if self.transposed:
-            return _kconv.quantized_conv_transpose(
-                x_int, q.scale, q.zero_point, p, p.stride, p.padding, p.output_padding,
-                p.dilation, p.groups, float(self.scale), int(self.zero_point), relu=relu)
         x_scale, x_zp = q._scale_zp()
-        return _kconv.quantized_conv(x_int, x_scale, x_zp, p, p.stride,
-                                     p.padding, p.dilation, p.groups, float(self.scale),
-                                     int(self.zero_point), relu=relu)
+        run = ops_conv.conv_transpose if self.transposed else ops_conv.conv
+        return run(x_int, x_scale, x_zp, p, float(self.scale), int(self.zero_point), relu=relu)
 
     def forward(self, input: QTensor) -> QTensor:
         q = self._quantized_input(input)

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 
 from .... import dtypes as _dt
-from ....kernels import linear as _klinear
+from ....ops import linear as ops_linear
 from ....qtensor import QTensor
 from .._validation import require_quantized
 from .utils import observed_output_qparams, quantize_weight, weight_observer_of
@@ -61,7 +61,7 @@ class LinearPackedParams(torch.nn.Module):
             raise ValueError(f"Linear weight must be 2-D, got shape {tuple(weight.shape)}")
         if bias is not None:
             bias = bias.detach().float()
-        self.packed = _klinear.pack_linear_weight(weight.int_data, weight.scale,
+        self.packed = ops_linear.pack_linear_weight(weight.int_data, weight.scale,
                                                   weight.zero_point, weight.axis, bias)
 
     def _weight_bias(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -152,10 +152,10 @@ class Linear(torch.nn.Module):
         return {"relu": self._FUSED_RELU}
 
     def _linear_int(self, q: QTensor) -> torch.Tensor:
-        return _klinear.quantized_linear(q.int_data, q.scale, q.zero_point,
-                                         self._packed_params.packed, float(self.scale),
-                                         int(self.zero_point), q.qdtype,
-                                         **self._apply_epilogue())
+        x_scale, x_zp = q._scale_zp()
+        return ops_linear.linear(q.int_data, x_scale, x_zp, self._packed_params.packed,
+                                 float(self.scale), int(self.zero_point),
+                                 q.qdtype.storage_dtype, **self._apply_epilogue())
 
     def forward(self, x: QTensor) -> QTensor:
         q = require_quantized(x, "linear")

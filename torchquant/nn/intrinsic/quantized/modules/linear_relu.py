@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from ..... import dtypes as _dt
 from ...modules import fused as nni
 from ....quantized.modules.linear import Linear
-from ..... import affine
-from .....kernels import linear as _klinear
+from .....ops import linear as ops_linear
+from .....ops import quantize as ops_quantize
 from .....qtensor import QTensor
 
 __all__ = ["LinearReLU", "LinearLeakyReLU", "LinearTanh"]
@@ -44,12 +44,9 @@ class _LinearFloatActivation(Linear):
         raise NotImplementedError
 
     def _linear_int(self, q: QTensor) -> torch.Tensor:
-        y = _klinear.quantized_linear_float_out(q.int_data, q.scale, q.zero_point,
-                                                self._packed_params.packed)
-        y = self._activation(y)
-        qd = q.qdtype
-        return affine.quantize_int(y, self.scale.double(), self.zero_point, qd.qmin, qd.qmax,
-                                   qd.storage_dtype, mode=affine.quantize_mode(qd, False))
+        y = ops_linear.linear_float_out(q.int_data, *q._scale_zp(), self._packed_params.packed)
+        return ops_quantize.quantize_per_tensor(self._activation(y), float(self.scale),
+                                                int(self.zero_point), q.qdtype)
 
     @classmethod
     def from_reference(cls, ref_mod: torch.nn.Module, output_scale: float,

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..... import dtypes as _dt
-from .....kernels import linear as _klinear
+from .....ops import linear as ops_linear
 from .....qtensor import QTensor
 from ...modules import linear as _nnq_linear
 from ...modules.utils import quantize_weight
@@ -163,8 +163,8 @@ class Linear(_nnq_linear.Linear):
             return (torch.relu(y) if relu else y).to(x.dtype)
         packed = self._packed_params.packed
         if self.per_token:
-            return _klinear.per_token_dynamic_linear(x, packed, relu=relu)
-        return _klinear.dynamic_linear(x, packed, reduce_range=self.reduce_range, relu=relu)
+            return ops_linear.linear_per_token_dynamic(x, packed, relu=relu)
+        return ops_linear.linear_dynamic(x, packed, reduce_range=self.reduce_range, relu=relu)
 
     # ---- weights ------------------------------------------------------------------------------
     def weight(self) -> torch.Tensor:

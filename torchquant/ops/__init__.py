@@ -1,0 +1,14 @@
+"""torchquant's compute layer: every quantized computation as a registered torch op.
+
+``torch.ops.torchquant.<name>`` takes plain integer tensors and qparams (Python numbers per
+tensor, tensors per channel) and returns plain tensors, so ``torch.export`` graphs hold only
+tensors and these ops.  The Python functions here are what modules and ``QTensor`` call: in
+eager mode they run the kernels directly (no dispatcher cost), while traced they emit the op.
+This package is the only caller of the kernel registry for these computations.
+"""
+from __future__ import annotations
+
+from . import binary, conv, linear, quantize
+from ._library import traced
+
+__all__ = ["binary", "conv", "linear", "quantize", "traced"]

@@ -1,0 +1,52 @@
+"""Shared machinery of the ``torch.ops.torchquant`` namespace.
+
+Every op is declared once with ``torch.library.custom_op`` (plain tensors and Python numbers
+in, plain tensors out) and a fake implementation, so ``torch.export`` and ``torch.compile``
+see one opaque node per quantized computation.  Eager hot paths skip the dispatcher and call
+the implementation directly; :func:`traced` says when the registered op must be used instead.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+__all__ = ["NAMESPACE", "traced", "PackCache"]
+
+NAMESPACE = "torchquant"
+
+
+def traced(*tensors: Optional[torch.Tensor]) -> bool:
+    """True while dynamo / export / make_fx trace the call: the tensors are fake, functional or
+    proxied (not plain ``torch.Tensor``), or dynamo is compiling."""
+    if torch.compiler.is_compiling():
+        return True
+    return any(t is not None and type(t) is not torch.Tensor for t in tensors)
+
+
+class PackCache:
+    """Prepacked forms keyed on the plain tensors they were built from.
+
+    An exported or compiled graph passes a module's integer weight, its qparams and bias to an
+    op on every call; the packed form (oneDNN blocking, weight sums) is built once per
+    (weight, qparams, bias) and kept while the weight tensor lives.  An in-place change of any
+    of them (``_version``) rebuilds it.
+    """
+
+    def __init__(self, build: Callable[..., Any]) -> None:
+        self._build = build
+        self._entries = WeakIdKeyDictionary()
+
+    @staticmethod
+    def _stamp(tensors: tuple) -> tuple:
+        return tuple(None if t is None else (id(t), t._version) if isinstance(t, torch.Tensor)
+                     else t for t in tensors)
+
+    def get(self, weight: torch.Tensor, *rest: Any) -> Any:
+        stamp = self._stamp((weight, *rest))
+        entry = self._entries.get(weight)
+        if entry is None or entry[0] != stamp:
+            entry = (stamp, self._build(weight, *rest))
+            self._entries[weight] = entry
+        return entry[1]

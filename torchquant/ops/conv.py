@@ -1,0 +1,115 @@
+"""Quantized convolution ops (1-3 d, transposed), fused ReLU; quint8 activations.
+
+The weight enters as a plain int8 tensor with its qparams (0-d per tensor, 1-d per channel
+along ``weight_axis``), an optional float bias and the geometry; the packed (oneDNN-blocked)
+form is built once per (weight, qparams, bias, geometry).  Modules holding a
+:class:`PackedConvWeight` call :func:`conv` / :func:`conv_transpose`: the kernels directly in
+eager mode, the registered ``torch.ops.torchquant`` op while traced.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels import conv as _k
+from ..kernels.conv import PackedConvWeight, pack_conv_weight
+from ._library import PackCache, traced
+
+__all__ = ["conv", "conv_transpose", "PackedConvWeight", "pack_conv_weight"]
+
+_FLOAT_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_FLOAT_CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+
+def _pack(weight: torch.Tensor, weight_scale: torch.Tensor, weight_zero_point: torch.Tensor,
+          bias: Optional[torch.Tensor], weight_axis: int, stride: tuple, padding: tuple,
+          dilation: tuple, groups: int, transposed: bool,
+          output_padding: tuple) -> PackedConvWeight:
+    axis = None if weight_scale.dim() == 0 else weight_axis
+    return _k.pack_conv_weight(weight, weight_scale, weight_zero_point, axis, bias, stride,
+                               padding, dilation, groups, transposed, output_padding)
+
+
+_PACKS = PackCache(_pack)
+
+
+def _graph_weight(p: PackedConvWeight) -> tuple:
+    scale, zero_point = p.weight_scale, p.weight_zero_point
+    if p.axis is None:
+        scale, zero_point = scale.reshape(()), zero_point.reshape(())
+    return p.weight, scale, zero_point, p.bias, 0 if p.axis is None else p.axis
+
+
+@torch.library.custom_op("torchquant::conv", mutates_args=())
+def _conv_op(x: torch.Tensor, x_scale: float, x_zero_point: int, weight: torch.Tensor,
+             weight_scale: torch.Tensor, weight_zero_point: torch.Tensor,
+             bias: Optional[torch.Tensor], weight_axis: int, stride: list[int],
+             padding: list[int], dilation: list[int], groups: int, out_scale: float,
+             out_zero_point: int, post_op: str) -> torch.Tensor:
+    geometry = (tuple(stride), tuple(padding), tuple(dilation), groups)
+    packed = _PACKS.get(weight, weight_scale, weight_zero_point, bias, weight_axis, *geometry,
+                        False, (0,) * len(stride))
+    return _k.quantized_conv(x, x_scale, x_zero_point, packed, *geometry, out_scale,
+                             out_zero_point, relu=post_op == "relu")
+
+
+@_conv_op.register_fake
+def _(x, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, bias, weight_axis,
+      stride, padding, dilation, groups, out_scale, out_zero_point, post_op):
+    y = _FLOAT_CONV[weight.dim() - 2](torch.empty_like(x, dtype=torch.float32),
+                                      torch.empty_like(weight, dtype=torch.float32), None,
+                                      stride, padding, dilation, groups)
+    return torch.empty_like(y, dtype=torch.uint8)
+
+
+def conv(x: torch.Tensor, x_scale: float, x_zero_point: int, packed: PackedConvWeight,
+         out_scale: float, out_zero_point: int, relu: bool = False) -> torch.Tensor:
+    """``quantize(relu?(conv(x_hat, w_hat, bias)))`` with the geometry the weight was packed
+    for; ``x`` holds quint8 values ``[N, C, *spatial]``."""
+    if traced(x):
+        return torch.ops.torchquant.conv(
+            x, x_scale, x_zero_point, *_graph_weight(packed), list(packed.stride),
+            list(packed.padding), list(packed.dilation), packed.groups, out_scale,
+            out_zero_point, "relu" if relu else "none")
+    return _k.quantized_conv(x, x_scale, x_zero_point, packed, packed.stride, packed.padding,
+                             packed.dilation, packed.groups, out_scale, out_zero_point, relu=relu)
+
+
+@torch.library.custom_op("torchquant::conv_transpose", mutates_args=())
+def _conv_transpose_op(x: torch.Tensor, x_scale: float, x_zero_point: int, weight: torch.Tensor,
+                       weight_scale: torch.Tensor, weight_zero_point: torch.Tensor,
+                       bias: Optional[torch.Tensor], weight_axis: int, stride: list[int],
+                       padding: list[int], output_padding: list[int], dilation: list[int],
+                       groups: int, out_scale: float, out_zero_point: int,
+                       post_op: str) -> torch.Tensor:
+    packed = _PACKS.get(weight, weight_scale, weight_zero_point, bias, weight_axis,
+                        tuple(stride), tuple(padding), tuple(dilation), groups, True,
+                        tuple(output_padding))
+    return _k.quantized_conv_transpose(x, x_scale, x_zero_point, packed, packed.stride,
+                                       packed.padding, packed.output_padding, packed.dilation,
+                                       packed.groups, out_scale, out_zero_point,
+                                       relu=post_op == "relu")
+
+
+@_conv_transpose_op.register_fake
+def _(x, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, bias, weight_axis,
+      stride, padding, output_padding, dilation, groups, out_scale, out_zero_point, post_op):
+    y = _FLOAT_CONV_TRANSPOSE[weight.dim() - 2](
+        torch.empty_like(x, dtype=torch.float32), torch.empty_like(weight, dtype=torch.float32),
+        None, stride, padding, output_padding, groups, dilation)
+    return torch.empty_like(y, dtype=torch.uint8)
+
+
+def conv_transpose(x: torch.Tensor, x_scale: float, x_zero_point: int, packed: PackedConvWeight,
+                   out_scale: float, out_zero_point: int, relu: bool = False) -> torch.Tensor:
+    """Transposed conv with the geometry the weight was packed for."""
+    if traced(x):
+        return torch.ops.torchquant.conv_transpose(
+            x, x_scale, x_zero_point, *_graph_weight(packed), list(packed.stride),
+            list(packed.padding), list(packed.output_padding), list(packed.dilation),
+            packed.groups, out_scale, out_zero_point, "relu" if relu else "none")
+    return _k.quantized_conv_transpose(x, x_scale, x_zero_point, packed, packed.stride,
+                                       packed.padding, packed.output_padding, packed.dilation,
+                                       packed.groups, out_scale, out_zero_point, relu=relu)

@@ -1,0 +1,143 @@
+"""Quantized Linear ops: static (quantized in and out, fused ReLU), dynamic (float in and out,
+the activation quantized per tensor or per token on each call).
+
+Weights enter as plain int8 tensors with their qparams (0-d per tensor, 1-d per output
+channel) and an optional float bias; the packed form the kernels need is built once per weight
+(:class:`PackCache`).  Modules that hold a :class:`PackedLinearWeight` call :func:`linear`,
+:func:`linear_dynamic` and :func:`linear_per_token_dynamic`, which go straight to the kernels
+in eager mode and through the registered ``torch.ops.torchquant`` op while traced.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import dtypes as _dt
+from ..kernels import linear as _k
+from ..kernels.linear import PackedLinearWeight, pack_linear_weight
+from ._library import PackCache, traced
+
+__all__ = ["linear", "linear_float_out", "linear_dynamic", "linear_per_token_dynamic",
+           "pack_linear", "pack_linear_weight", "PackedLinearWeight"]
+
+_POST_OPS = ("none", "relu")
+
+
+def pack_linear(weight: torch.Tensor, weight_scale: torch.Tensor,
+                weight_zero_point: torch.Tensor, bias: Optional[torch.Tensor]) -> PackedLinearWeight:
+    """The packed form of an int8 ``[out, in]`` weight: per tensor for 0-d qparams, per output
+    channel (axis 0) for 1-d ones."""
+    axis = None if weight_scale.dim() == 0 else 0
+    return _k.pack_linear_weight(weight, weight_scale, weight_zero_point, axis, bias)
+
+
+_PACKS = PackCache(pack_linear)
+
+
+def _graph_args(packed: PackedLinearWeight) -> tuple:
+    scale, zero_point = packed.weight_scale, packed.weight_zero_point
+    if packed.axis is None:
+        scale, zero_point = scale.reshape(()), zero_point.reshape(())
+    return packed.weight, scale, zero_point, packed.bias
+
+
+# ---- static ----------------------------------------------------------------------------------
+
+@torch.library.custom_op("torchquant::linear", mutates_args=())
+def _linear_op(x: torch.Tensor, x_scale: float, x_zero_point: int, weight: torch.Tensor,
+               weight_scale: torch.Tensor, weight_zero_point: torch.Tensor,
+               bias: Optional[torch.Tensor], out_scale: float, out_zero_point: int,
+               out_dtype: torch.dtype, post_op: str) -> torch.Tensor:
+    packed = _PACKS.get(weight, weight_scale, weight_zero_point, bias)
+    return _k.quantized_linear(x, x_scale, x_zero_point, packed, out_scale, out_zero_point,
+                               _dt.to_qdtype(out_dtype), post_op == "relu")
+
+
+@_linear_op.register_fake
+def _(x, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, bias, out_scale,
+      out_zero_point, out_dtype, post_op):
+    return x.new_empty(*x.shape[:-1], weight.size(0), dtype=out_dtype)
+
+
+def linear(x: torch.Tensor, x_scale: float, x_zero_point: int, packed: PackedLinearWeight,
+           out_scale: float, out_zero_point: int, out_dtype: torch.dtype = torch.uint8,
+           relu: bool = False) -> torch.Tensor:
+    """``quantize(relu?(linear(x_hat, w_hat, bias)))`` on the integers of a per-tensor
+    quantized input ``[..., in]``; ``out_dtype`` is the storage dtype of the result (uint8 for
+    quint8, int8 for qint8)."""
+    post_op = "relu" if relu else "none"
+    if traced(x):
+        return torch.ops.torchquant.linear(x, x_scale, x_zero_point, *_graph_args(packed),
+                                           out_scale, out_zero_point, out_dtype, post_op)
+    return _k.quantized_linear(x, x_scale, x_zero_point, packed, out_scale, out_zero_point,
+                               _dt.to_qdtype(out_dtype), relu)
+
+
+@torch.library.custom_op("torchquant::linear_float_out", mutates_args=())
+def _linear_float_out_op(x: torch.Tensor, x_scale: float, x_zero_point: int,
+                         weight: torch.Tensor, weight_scale: torch.Tensor,
+                         weight_zero_point: torch.Tensor,
+                         bias: Optional[torch.Tensor]) -> torch.Tensor:
+    packed = _PACKS.get(weight, weight_scale, weight_zero_point, bias)
+    return _k.quantized_linear_float_out(x, x_scale, x_zero_point, packed)
+
+
+@_linear_float_out_op.register_fake
+def _(x, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, bias):
+    return x.new_empty(*x.shape[:-1], weight.size(0), dtype=torch.float32)
+
+
+def linear_float_out(x: torch.Tensor, x_scale: float, x_zero_point: int,
+                     packed: PackedLinearWeight) -> torch.Tensor:
+    """``linear(x_hat, w_hat, bias)`` in float32 (for fused activations applied before the
+    output is requantized: LeakyReLU, Tanh)."""
+    if traced(x):
+        return torch.ops.torchquant.linear_float_out(x, x_scale, x_zero_point,
+                                                     *_graph_args(packed))
+    return _k.quantized_linear_float_out(x, x_scale, x_zero_point, packed)
+
+
+# ---- dynamic ---------------------------------------------------------------------------------
+
+@torch.library.custom_op("torchquant::linear_dynamic", mutates_args=())
+def _linear_dynamic_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                       weight_zero_point: torch.Tensor, bias: Optional[torch.Tensor],
+                       reduce_range: bool, relu: bool) -> torch.Tensor:
+    packed = _PACKS.get(weight, weight_scale, weight_zero_point, bias)
+    return _k.dynamic_linear(x, packed, reduce_range, relu)
+
+
+@_linear_dynamic_op.register_fake
+def _(x, weight, weight_scale, weight_zero_point, bias, reduce_range, relu):
+    return x.new_empty(*x.shape[:-1], weight.size(0))
+
+
+def linear_dynamic(x: torch.Tensor, packed: PackedLinearWeight, reduce_range: bool = True,
+                   relu: bool = False) -> torch.Tensor:
+    """torch's dynamic quantized Linear: ``x`` quantized per tensor (quint8) from its own
+    min/max on each call, int8 GEMM, float output."""
+    if traced(x):
+        return torch.ops.torchquant.linear_dynamic(x, *_graph_args(packed), reduce_range, relu)
+    return _k.dynamic_linear(x, packed, reduce_range, relu)
+
+
+@torch.library.custom_op("torchquant::linear_per_token_dynamic", mutates_args=())
+def _linear_per_token_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                         weight_zero_point: torch.Tensor, bias: Optional[torch.Tensor],
+                         relu: bool) -> torch.Tensor:
+    packed = _PACKS.get(weight, weight_scale, weight_zero_point, bias)
+    return _k.per_token_dynamic_linear(x, packed, relu)
+
+
+@_linear_per_token_op.register_fake
+def _(x, weight, weight_scale, weight_zero_point, bias, relu):
+    return x.new_empty(*x.shape[:-1], weight.size(0))
+
+
+def linear_per_token_dynamic(x: torch.Tensor, packed: PackedLinearWeight,
+                             relu: bool = False) -> torch.Tensor:
+    """Dynamic Linear with one int8 symmetric activation scale per row (token)."""
+    if traced(x):
+        return torch.ops.torchquant.linear_per_token_dynamic(x, *_graph_args(packed), relu)
+    return _k.per_token_dynamic_linear(x, packed, relu)
