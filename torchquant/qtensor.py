@@ -232,13 +232,15 @@ class QTensor(torch.Tensor):
     def _with(self, values: torch.Tensor, scale: Optional[torch.Tensor] = None,
               zero_point: Optional[torch.Tensor] = None, axis: Any = "same") -> "QTensor":
         """New QTensor over ``values`` (logical-shape integers) with these or self's qparams."""
+        same = scale is None and zero_point is None and axis == "same"
         axis = self.axis if axis == "same" else axis
         scale = self.scale if scale is None else scale
         zero_point = self.zero_point if zero_point is None else zero_point
         if self.qdtype.is_sub_byte:
             return QTensor(affine.pack_sub_byte(values, self.qdtype.bits), scale, zero_point,
                            self.qdtype, axis, tuple(values.shape))
-        return QTensor(values, scale, zero_point, self.qdtype, axis)
+        numbers = self.__dict__.get("_numbers") if same else None
+        return QTensor(values, scale, zero_point, self.qdtype.name, axis, numbers=numbers)
 
     def __repr__(self, *, tensor_contents=None) -> str:
         meta = f"size={tuple(self.shape)}, dtype={self.qdtype!r}, qscheme={self.qscheme()!r}"
