@@ -197,9 +197,8 @@ class QTensor(torch.Tensor):
         return int(self.axis)
 
     def dequantize(self) -> torch.Tensor:  # type: ignore[override]
-        numbers = self.__dict__.get("_numbers")
-        if numbers is not None and not self.qdtype.is_sub_byte:
-            return ops_quantize.dequantize_per_tensor(self.int_data, *numbers)
+        if _traced_per_tensor(self):  # one graph node, its qparams constants
+            return ops_quantize.dequantize_per_tensor(self.int_data, *self._numbers)
         return affine.dequantize_int(self._values(), self.scale, self.zero_point, self.axis)
 
     def _scale_zp(self) -> tuple[float, int]:
