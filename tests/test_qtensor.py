@@ -114,6 +114,24 @@ def test_copy_semantics_match_torch():
     same(q, t)                       # quantized source: ints and qparams taken from it
 
 
+def test_copy_from_qtensor_replaces_cached_qparams():
+    """copy_ from a QTensor installs the source's qparams as one record: the cached Python
+    numbers the hot paths read (``_scale_zp``, e.g. the quantized add) follow."""
+    from torchquant.nn.quantized import _binary
+    q, _ = pair()
+    other, _ = pair(scale=0.07, zp=3)
+    before = _binary.add(q, other, 0.1, 50)  # caches q's (scale, zero_point) numbers
+    assert q._scale_zp() == (0.05, 10)
+    src, t_src = pair(scale=0.2, zp=5)
+    q.copy_(src)
+    assert q._scale_zp() == (q.q_scale(), q.q_zero_point()) == (0.2, 5)
+    fresh = QTensor.from_int(t_src.int_repr(), 0.2, 5, tq.quint8)
+    after = _binary.add(q, other, 0.1, 50)
+    assert torch.equal(after.int_repr(), _binary.add(fresh, other, 0.1, 50).int_repr())
+    assert not torch.equal(after.int_repr(), before.int_repr())
+    assert (src.q_scale(), src.q_zero_point()) == (0.2, 5)  # the source's record is untouched
+
+
 def test_resize_():
     q, t = pair()
     q.resize_(3, 2)

@@ -190,13 +190,26 @@ class QTensor(torch.Tensor):
 
     def _scale_zp(self) -> tuple[float, int]:
         """Per-tensor (scale, zero_point) as Python numbers, read from the tensors once (the
-        per-call hot paths key their caches on them; qparams are never modified in place)."""
+        per-call hot paths key their caches on them; qparams change only through
+        :meth:`_replace_qparams`, which drops this cache)."""
         numbers = self.__dict__.get("_numbers")
         if numbers is None:
             numbers = (float(self.scale), int(self.zero_point))
             if not torch.compiler.is_compiling():
                 self._numbers = numbers
         return numbers
+
+    def _replace_qparams(self, scale: torch.Tensor, zero_point: torch.Tensor,
+                         axis: Optional[int] = None) -> None:
+        """Install a new qparams record, for the in-place ops whose output qparams differ from
+        the input's (``hardsigmoid_``, ``copy_`` from another QTensor, ...).  The only way
+        qparams change: scale, zero point and axis are replaced together and the cached
+        Python numbers of :meth:`_scale_zp` are dropped with them (the tensors themselves are
+        never modified -- they may be shared with other QTensors)."""
+        self.scale = scale
+        self.zero_point = zero_point
+        self.axis = axis
+        self.__dict__.pop("_numbers", None)
 
     def _need_per_tensor(self, what: str) -> None:
         if self.axis is not None:
@@ -545,7 +558,7 @@ def _copy_(func, dst, src, non_blocking=False):
             dst.int_data.copy_(src.int_data)
         else:
             dst.int_data.copy_(src.int_data.expand_as(dst.int_data))
-        dst.scale, dst.zero_point, dst.axis = src.scale.clone(), src.zero_point.clone(), src.axis
+        dst._replace_qparams(src.scale.clone(), src.zero_point.clone(), src.axis)
         return dst
     if not src.dtype.is_floating_point:
         raise TypeError(f"QTensor.copy_ needs a float or quantized source, got {src.dtype}")
