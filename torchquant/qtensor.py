@@ -258,10 +258,34 @@ class QTensor(torch.Tensor):
         kwargs = kwargs or {}
         handler = _OPS.get(func) or _OPS.get(func.overloadpacket)
         if handler is None:
+            out = _decompose(func, args, kwargs)
+            if out is not NotImplemented:
+                return out
             raise NotImplementedError(
                 f"torchquant.QTensor does not support {func}: quantized tensors only define the "
                 "ops that are exact on integers. Call .dequantize() to get a float tensor first.")
+        if (func.is_view and torch.is_inference_mode_enabled() and args
+                and isinstance(args[0], torch.Tensor) and not args[0].is_inference()):
+            # torch's rule: a view of a normal tensor is a normal tensor even in inference mode
+            # (it shares the base's version counter); a wrapper made in inference mode would
+            # be an inference tensor, which torch then fails to attach to its base.
+            with torch.inference_mode(False):
+                return handler(func, *args, **kwargs)
         return handler(func, *args, **kwargs)
+
+
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+
+
+def _decompose(func, args, kwargs):
+    """Under torch.inference_mode() the CompositeImplicitAutograd ops (flatten, view_as,
+    contiguous, dropout, movedim, ...) arrive at __torch_dispatch__ undecomposed (elsewhere the
+    autograd key decomposes them on the way): run the same C++ composite kernel eager torch
+    runs (``func.decompose`` would prefer a Python decomposition meant for tracing, which can
+    differ: dropout's clones where eager returns its input).  NotImplemented if there is none."""
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE):
+        return func._op_dk(_COMPOSITE, *args, **kwargs)
+    return func.decompose(*args, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------
