@@ -50,7 +50,7 @@ def test_basic_properties():
         q.q_per_channel_scales()
 
 
-@pytest.mark.parametrize("op", [
+PER_TENSOR_OPS = [
     lambda t: t.view(6, 4), lambda t: t.view(-1), lambda t: t.flatten(), lambda t: t.reshape(2, 12),
     lambda t: t.select(1, 2), lambda t: t[1], lambda t: t[:, 1:4], lambda t: t[::2],
     lambda t: t.transpose(0, 1), lambda t: t.permute(1, 0), lambda t: t.t(),
@@ -65,11 +65,124 @@ def test_basic_properties():
     lambda t: t.topk(2, dim=0, largest=False)[0], lambda t: torch.relu(t),
     lambda t: torch.nn.functional.relu(t), lambda t: torch.cat([t, t]), lambda t: torch.cat([t, t], 1),
     lambda t: torch.stack([t, t]), lambda t: t.to("cpu"), lambda t: t[torch.tensor([0, 2])],
-], ids=lambda f: "op")
+]
+
+
+@pytest.mark.parametrize("op", PER_TENSOR_OPS, ids=lambda f: "op")
 def test_per_tensor_ops_match_torch(op):
     for ours, theirs in [(tq.quint8, torch.quint8), (tq.qint8, torch.qint8)]:
         q, t = pair(ours=ours, theirs=theirs)
         same(op(q), op(t))
+
+
+# Composite ops torch decomposes before __torch_dispatch__ except under inference_mode.
+INFERENCE_MODE_OPS = PER_TENSOR_OPS + [
+    lambda t: torch.flatten(t.view(2, 2, 6), 1), lambda t: t.reshape_as(torch.empty(6, 4)),
+    lambda t: t.view_as(torch.empty(24)), lambda t: t.view(4, 1, 6).squeeze(),
+    lambda t: t.view(1, 4, 6).squeeze(0), lambda t: t.movedim(0, 1), lambda t: t.swapaxes(0, 1),
+    lambda t: t.mT, lambda t: t.ravel(), lambda t: t.flatten().unflatten(0, (2, 12)),
+    lambda t: torch.tensor_split(t, 2, 1)[1], lambda t: t.expand_as(torch.empty(3, 4, 6)),
+    lambda t: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t.view(1, 4, 6, 1)
+    .contiguous(memory_format=torch.channels_last),
+    lambda t: torch.nn.functional.dropout(t, training=False), lambda t: torch.nn.functional.relu6(t),
+    lambda t: torch.nn.functional.adaptive_avg_pool2d(t.view(1, 1, 4, 6), 1),
+    lambda t: torch.nn.functional.max_pool2d(t.view(1, 1, 4, 6), 2),
+]
+
+
+@pytest.mark.parametrize("op", INFERENCE_MODE_OPS, ids=lambda f: "op")
+def test_ops_under_inference_mode_match_torch(op):
+    """Under torch.inference_mode() composite ops (flatten, view_as, contiguous, ...) reach
+    __torch_dispatch__ undecomposed, and views of normal tensors must stay normal tensors."""
+    for ours, theirs in [(tq.quint8, torch.quint8), (tq.qint8, torch.qint8)]:
+        q, t = pair(ours=ours, theirs=theirs)
+        with torch.inference_mode():
+            out, expected = op(q), op(t)
+        same(out, expected)
+        assert out.is_inference() == expected.is_inference()
+        with torch.no_grad():
+            same(op(q), expected)
+        if ours is tq.quint8:  # a QTensor made in inference mode (an inference tensor)
+            with torch.inference_mode():
+                q_inf, t_inf = pair(ours=ours, theirs=theirs)
+                out, expected = op(q_inf), op(t_inf)
+            same(out, expected)
+            assert out.is_inference() and expected.is_inference()
+
+
+def test_flatten_reshape_view_squeeze_under_inference_mode():
+    q, t = pair(shape=(2, 3, 1, 4))
+    qc, _ = pair_pc(axis=1, shape=(2, 3, 4))
+    with torch.inference_mode():
+        flat = torch.flatten(q, 1)
+        same(flat, torch.flatten(t, 1))
+        same(q.reshape(6, 4), t.reshape(6, 4))
+        same(q.view_as(torch.empty(24)), t.view_as(torch.empty(24)))
+        same(q.squeeze(), t.squeeze())
+        same(torch.squeeze(q, 2), torch.squeeze(t, 2))
+        flat_c = torch.flatten(qc, 2)
+        moved = qc.movedim(1, 2)
+    assert flat.shape == (2, 12) and not flat.is_inference()
+    assert flat_c.q_per_channel_axis() == 1 and torch.equal(flat_c.int_repr(), qc.int_repr())
+    assert moved.q_per_channel_axis() == 2
+    assert torch.equal(moved.dequantize(), qc.dequantize().movedim(1, 2))
+    assert torch.equal(flat.int_repr(), q.int_repr().flatten(1))
+    # the view shares the base's storage and version counter, as torch's views do
+    assert flat.int_data.data_ptr() == q.int_data.data_ptr()
+    with torch.inference_mode():
+        for f, name in [(lambda: q + q, "add"), (lambda: q.sum(), "sum"),
+                        (lambda: q.to(torch.float32), "cannot be cast"),
+                        (lambda: torch.exp(q), "exp")]:
+            with pytest.raises(NotImplementedError, match=name):
+                f()
+
+
+class _ResidualCNN(torch.nn.Module):
+    """QuantStub, conv+relu, max pool, residual add (FloatFunctional), adaptive average pool,
+    flatten, linear, DeQuantStub."""
+
+    def __init__(self):
+        super().__init__()
+        from torchquant.nn.quantized import FloatFunctional
+        from torchquant.quantization import DeQuantStub, QuantStub
+        nn = torch.nn
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.conv1, self.relu1 = nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()
+        self.pool = nn.MaxPool2d(2)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.skip = FloatFunctional()
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = self.pool(self.relu1(self.conv1(self.quant(x))))
+        x = self.skip.add(x, self.conv2(x))
+        return self.dequant(self.fc(torch.flatten(self.avgpool(x), 1)))
+
+
+def test_converted_cnn_same_under_inference_mode_and_no_grad(monkeypatch):
+    from torchquant import quantization as tqq
+    from torchquant.kernels import cpu_compiled
+    monkeypatch.setattr(cpu_compiled, "HOT_CALLS", 1)  # compiled kernels too, built in inference mode
+    float_model = _ResidualCNN().eval()
+    model = tqq.fuse_modules(float_model, [["conv1", "relu1"]])
+    model.qconfig = tqq.get_default_qconfig("x86")
+    model = tqq.prepare(model)
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(4, 3, 64, 64))
+    model = tqq.convert(model)
+    assert isinstance(model.skip, tq.nn.quantized.QFunctional)
+    x = torch.randn(4, 3, 64, 64)
+    with torch.inference_mode():
+        under_inference = [model(x) for _ in range(2)]
+    with torch.no_grad():
+        under_no_grad = model(x)
+        expected = float_model(x)
+    assert under_no_grad.shape == (4, 5)
+    for out in under_inference:
+        assert torch.equal(out, under_no_grad)
+    assert (under_no_grad - expected).abs().max() < 0.05 * expected.abs().max() + 0.02
 
 
 def test_indices_match_torch():
@@ -112,6 +225,24 @@ def test_copy_semantics_match_torch():
     q.copy_(q2)
     t.copy_(t2)
     same(q, t)                       # quantized source: ints and qparams taken from it
+
+
+def test_copy_from_qtensor_replaces_cached_qparams():
+    """copy_ from a QTensor installs the source's qparams as one record: the cached Python
+    numbers the hot paths read (``_scale_zp``, e.g. the quantized add) follow."""
+    from torchquant.nn.quantized import _binary
+    q, _ = pair()
+    other, _ = pair(scale=0.07, zp=3)
+    before = _binary.add(q, other, 0.1, 50)  # caches q's (scale, zero_point) numbers
+    assert q._scale_zp() == (0.05, 10)
+    src, t_src = pair(scale=0.2, zp=5)
+    q.copy_(src)
+    assert q._scale_zp() == (q.q_scale(), q.q_zero_point()) == (0.2, 5)
+    fresh = QTensor.from_int(t_src.int_repr(), 0.2, 5, tq.quint8)
+    after = _binary.add(q, other, 0.1, 50)
+    assert torch.equal(after.int_repr(), _binary.add(fresh, other, 0.1, 50).int_repr())
+    assert not torch.equal(after.int_repr(), before.int_repr())
+    assert (src.q_scale(), src.q_zero_point()) == (0.2, 5)  # the source's record is untouched
 
 
 def test_resize_():

@@ -203,13 +203,26 @@ class QTensor(torch.Tensor):
 
     def _scale_zp(self) -> tuple[float, int]:
         """Per-tensor (scale, zero_point) as Python numbers, read from the tensors once (the
-        per-call hot paths key their caches on them; qparams are never modified in place)."""
+        per-call hot paths key their caches on them; qparams change only through
+        :meth:`_replace_qparams`, which drops this cache)."""
         numbers = self.__dict__.get("_numbers")
         if numbers is None:
             numbers = (float(self.scale), int(self.zero_point))
             if not torch.compiler.is_compiling():
                 self._numbers = numbers
         return numbers
+
+    def _replace_qparams(self, scale: torch.Tensor, zero_point: torch.Tensor,
+                         axis: Optional[int] = None) -> None:
+        """Install a new qparams record, for the in-place ops whose output qparams differ from
+        the input's (``hardsigmoid_``, ``copy_`` from another QTensor, ...).  The only way
+        qparams change: scale, zero point and axis are replaced together and the cached
+        Python numbers of :meth:`_scale_zp` are dropped with them (the tensors themselves are
+        never modified -- they may be shared with other QTensors)."""
+        self.scale = scale
+        self.zero_point = zero_point
+        self.axis = axis
+        self.__dict__.pop("_numbers", None)
 
     def _need_per_tensor(self, what: str) -> None:
         if self.axis is not None:
@@ -260,10 +273,34 @@ class QTensor(torch.Tensor):
         kwargs = kwargs or {}
         handler = _OPS.get(func) or _OPS.get(func.overloadpacket)
         if handler is None:
+            out = _decompose(func, args, kwargs)
+            if out is not NotImplemented:
+                return out
             raise NotImplementedError(
                 f"torchquant.QTensor does not support {func}: quantized tensors only define the "
                 "ops that are exact on integers. Call .dequantize() to get a float tensor first.")
+        if (func.is_view and torch.is_inference_mode_enabled() and args
+                and isinstance(args[0], torch.Tensor) and not args[0].is_inference()):
+            # torch's rule: a view of a normal tensor is a normal tensor even in inference mode
+            # (it shares the base's version counter); a wrapper made in inference mode would
+            # be an inference tensor, which torch then fails to attach to its base.
+            with torch.inference_mode(False):
+                return handler(func, *args, **kwargs)
         return handler(func, *args, **kwargs)
+
+
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+
+
+def _decompose(func, args, kwargs):
+    """Under torch.inference_mode() the CompositeImplicitAutograd ops (flatten, view_as,
+    contiguous, dropout, movedim, ...) arrive at __torch_dispatch__ undecomposed (elsewhere the
+    autograd key decomposes them on the way): run the same C++ composite kernel eager torch
+    runs (``func.decompose`` would prefer a Python decomposition meant for tracing, which can
+    differ: dropout's clones where eager returns its input).  NotImplemented if there is none."""
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE):
+        return func._op_dk(_COMPOSITE, *args, **kwargs)
+    return func.decompose(*args, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -585,7 +622,7 @@ def _copy_(func, dst, src, non_blocking=False):
             dst.int_data.copy_(src.int_data)
         else:
             dst.int_data.copy_(src.int_data.expand_as(dst.int_data))
-        dst.scale, dst.zero_point, dst.axis = src.scale.clone(), src.zero_point.clone(), src.axis
+        dst._replace_qparams(src.scale.clone(), src.zero_point.clone(), src.axis)
         return dst
     if not src.dtype.is_floating_point:
         raise TypeError(f"QTensor.copy_ needs a float or quantized source, got {src.dtype}")

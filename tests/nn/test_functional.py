@@ -129,6 +129,44 @@ def test_inplace_variants_write_the_input(name, torch_fn, ours_fn):
     assert_same(torch_fn(theirs), ours)
 
 
+def _conv_for_inplace_tests():
+    conv = tq.nn.quantized.Conv2d(3, 4, 3, padding=1)
+    weight = tq.quantize_per_channel(torch.randn(4, 3, 3, 3), torch.rand(4) * 0.02 + 0.01,
+                                     torch.zeros(4, dtype=torch.long), 0, tq.qint8)
+    conv.set_weight_bias(weight, torch.randn(4))
+    conv.scale, conv.zero_point = torch.tensor(0.02), torch.tensor(60)
+    return conv
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("tqF.hardsigmoid", lambda q: tqF.hardsigmoid(q, inplace=True)),
+    ("F.hardsigmoid_", lambda q: F.hardsigmoid(q, inplace=True)),
+    ("torch.hardsigmoid_", lambda q: torch.ops.aten.hardsigmoid_(q)),
+    ("nnq.LeakyReLU", lambda q: tq.nn.quantized.LeakyReLU(0.03, 20, 0.25, inplace=True)(q)),
+    ("tqF.leaky_relu", lambda q: tqF.leaky_relu(q, 0.25, inplace=True)),
+    ("tqF.hardtanh", lambda q: tqF.hardtanh(q, -0.5, 0.5, inplace=True)),
+])
+def test_inplace_qparams_reach_the_hot_paths(name, fn):
+    """An in-place op that installs new qparams must not leave the cached per-tensor numbers
+    (``_scale_zp``, read by quantized conv) behind: the result is the same integers as a fresh
+    QTensor with the new qparams."""
+    _, q = make_pair((2, 3, 9, 9), 0.05, 77)
+    conv = _conv_for_inplace_tests()
+    conv(q)  # caches q's (scale, zero_point) numbers
+    assert q._scale_zp() == (0.05, 77)
+    old = q.q_scale(), q.q_zero_point()
+    assert fn(q) is q
+    if name.startswith(("tqF.hardsigmoid", "F.hardsigmoid", "torch.hardsigmoid")):
+        assert (q.q_scale(), q.q_zero_point()) == (0.00390625, 0) != old
+    elif name == "nnq.LeakyReLU":
+        assert (q.q_scale(), q.q_zero_point()) == (pytest.approx(0.03), 20)
+    assert q._scale_zp() == (q.q_scale(), q.q_zero_point())
+    fresh = tq.QTensor.from_int(q.int_repr(), q.q_scale(), q.q_zero_point(), q.qdtype)
+    assert fresh._scale_zp() == q._scale_zp()
+    assert torch.equal(conv(q).int_repr(), conv(fresh).int_repr())
+    assert torch.equal(q.dequantize(), fresh.dequantize())
+
+
 AVG_POOL_CASES = [
     dict(kernel_size=3, stride=1, padding=1), dict(kernel_size=2),
     dict(kernel_size=3, stride=2, padding=1, count_include_pad=False),

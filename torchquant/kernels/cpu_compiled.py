@@ -69,8 +69,48 @@ def _signature(op: str, args: tuple) -> tuple:
     return tuple(parts)
 
 
+# The inductor settings these kernels are built under, whatever the user has set globally (a
+# kernel is called directly with all its inputs and must round exactly as the eager formula):
+# freezing would treat the inputs as constants and drop them from the entry point's inputs;
+# the C++ wrapper changes the entry point; fast-math / FP contraction flags change rounding;
+# custom graph passes could rewrite the formula; autotuning and bandwidth profiling only cost.
+# Applied as a config patch around tracing and compilation, so the user's values come back.
+# Settings a torch version does not have are skipped.
+_INDUCTOR_SETTINGS: dict[str, Any] = {
+    "freezing": False,
+    "freezing_discard_parameters": False,
+    "cpp_wrapper": False,
+    "max_autotune": False,
+    "max_autotune_gemm": False,
+    "max_autotune_pointwise": False,
+    "fallback_random": False,
+    "implicit_fallbacks": True,
+    "keep_output_stride": True,
+    "pad_outputs": False,
+    "force_layout_optimization": False,
+    "emulate_precision_casts": False,
+    "profile_bandwidth": False,
+    "benchmark_kernel": False,
+    "pre_grad_custom_pass": None,
+    "joint_custom_pre_pass": None,
+    "joint_custom_post_pass": None,
+    "post_grad_custom_pre_pass": None,
+    "post_grad_custom_post_pass": None,
+    "cpp.simdlen": None,
+    "cpp.enable_unsafe_math_opt_flag": False,
+    "cpp.enable_floating_point_contract_flag": "off",
+}
+
+
+def _inductor_settings() -> dict[str, Any]:
+    import torch._inductor.config as config
+    return {k: v for k, v in _INDUCTOR_SETTINGS.items() if k in config._config}
+
+
 def _build(source: Callable, args: tuple) -> Callable[[list], Any]:
-    """A static inductor kernel of ``source`` for exactly these argument shapes / constants."""
+    """A static inductor kernel of ``source`` for exactly these argument shapes / constants,
+    built under :data:`_INDUCTOR_SETTINGS` (the user's inductor config is restored after)."""
+    import torch._inductor.config
     import torch._inductor.inductor_prims  # noqa: F401  (defines prims.fma)
     from torch.fx.experimental.proxy_tensor import make_fx
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
@@ -82,7 +122,7 @@ def _build(source: Callable, args: tuple) -> Callable[[list], Any]:
             full[i] = t
         return source(*full)
 
-    with torch.no_grad():
+    with torch.no_grad(), torch._inductor.config.patch(_inductor_settings()):
         graph = make_fx(formula)(*tensors)
         compiled = torch._inductor.compile(graph, tensors)
     # The generated module's entry point, without the AOT wrappers (it takes a list it may

@@ -57,7 +57,7 @@ def _scalar_loop(fn: FloatFn) -> FloatFn:
 def store_inplace(target: QTensor, result: QTensor) -> QTensor:
     """Write ``result`` (values and qparams) into ``target``, as torch's in-place variants do."""
     target.int_data.copy_(result.int_data)
-    target.scale, target.zero_point = result.scale, result.zero_point
+    target._replace_qparams(result.scale, result.zero_point, result.axis)
     return target
 
 
