@@ -43,12 +43,13 @@ class _LinearFloatActivation(Linear):
     def _activation(self, y: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _linear_int(self, q: QTensor) -> torch.Tensor:
+    def _linear_int(self, q: QTensor, scale: float, zero_point: int) -> torch.Tensor:
         y = _klinear.quantized_linear_float_out(q.int_data, q.scale, q.zero_point,
                                                 self._packed_params.packed)
         y = self._activation(y)
         qd = q.qdtype
-        return affine.quantize_int(y, self.scale.double(), self.zero_point, qd.qmin, qd.qmax,
+        return affine.quantize_int(y, torch.tensor(scale, dtype=torch.float64, device=y.device),
+                                   torch.tensor(zero_point, device=y.device), qd.qmin, qd.qmax,
                                    qd.storage_dtype, mode=affine.quantize_mode(qd, False))
 
     @classmethod
