@@ -182,8 +182,7 @@ def test_conv_transpose_per_channel_axis1_matches_qnnpack():
         ao_mod.scale, ao_mod.zero_point = 0.07, 120
         theirs = ao_mod(ao_x)
     tq_mod.set_weight_bias(tq_w, bias)
-    tq_mod.scale.fill_(0.07)
-    tq_mod.zero_point.fill_(120)
+    tq_mod.scale, tq_mod.zero_point = 0.07, 120
     assert tq_mod.weight().q_per_channel_axis() == 1
     assert_close_int(theirs, tq_mod(tq_x))
 
@@ -301,8 +300,7 @@ def test_fast_kernel_matches_reference():
     assert int(diff.max()) <= 1 and float((diff > 0).float().mean()) <= 0.01
     relu = nniq.ConvReLU2d(4, 8, 3, padding=1, groups=2)
     relu.set_weight_bias(mod.weight(), mod.bias())
-    relu.scale.copy_(mod.scale)
-    relu.zero_point.copy_(mod.zero_point)
+    relu.scale, relu.zero_point = mod.scale, mod.zero_point
     fast = relu(x)
     with kernels.reference_only():
         ref = relu(x)

@@ -1,14 +1,16 @@
 """Quantized activation modules on QTensors (torch's quantized activation modules, ported).
 
-Modules whose output qparams differ from the input's carry them: as ``scale`` (float32 0-d)
-and ``zero_point`` (int64 0-d) buffers for Hardswish and LeakyReLU, as plain attributes for
-ELU, Sigmoid, Softmax and PReLU (as in torch).  ``from_float`` reads them from the float
-module's output observer.
+Modules whose output qparams differ from the input's carry them as torch does: as ``scale``
+(float32 0-d) and ``zero_point`` (int64 0-d) buffers for Hardswish and LeakyReLU (reading them
+gives the tensors), as plain Python numbers outside the state dict for ELU, Softmax, PReLU
+(``scale`` / ``zero_point``) and Sigmoid (``output_scale`` / ``output_zero_point``).  All of
+them also take numbers on assignment, validated (:class:`~.utils.OutputQParams`).
+``from_float`` reads them from the float module's output observer.
 """
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,7 @@ from ....tensor_functions import quantize_per_tensor
 from .. import _binary, _normalization, _pointwise
 from .. import functional as qF
 from .._validation import require_quantized
+from .utils import OutputQParams
 
 __all__ = ["ReLU6", "Hardswish", "ELU", "LeakyReLU", "Sigmoid", "Softmax", "PReLU"]
 
@@ -27,10 +30,6 @@ def _observed_qparams(mod: torch.nn.Module) -> tuple[float, int]:
     """(scale, zero_point) of the float module's output observer."""
     scale, zero_point = mod.activation_post_process.calculate_qparams()
     return float(scale), int(zero_point)
-
-
-def _qparams_repr(scale: Any, zero_point: Any) -> str:
-    return f"scale={float(scale)}, zero_point={int(zero_point)}"
 
 
 class ReLU6(torch.nn.ReLU):
@@ -50,25 +49,26 @@ class ReLU6(torch.nn.ReLU):
         return ReLU6(mod.inplace)
 
 
-class Hardswish(torch.nn.Hardswish):
+class Hardswish(OutputQParams, torch.nn.Hardswish):
     """``x * relu6(x + 3) / 6`` requantized to the module's (scale, zero_point)."""
+
+    _QPARAM_STORAGE = "buffer"  # as torch: m.scale reads a 0-d tensor
 
     scale: torch.Tensor
     zero_point: torch.Tensor
 
     def __init__(self, scale: float, zero_point: int, device=None, dtype=None) -> None:
         super().__init__()
-        self.register_buffer("scale", torch.tensor(scale, device=device, dtype=dtype))
-        self.register_buffer("zero_point", torch.tensor(zero_point, device=device))
+        self._init_output_qparams(scale, zero_point, device, dtype)
 
     def forward(self, input: QTensor) -> QTensor:
-        return qF.hardswish(input, float(self.scale), int(self.zero_point))
+        return qF.hardswish(input, *self._output_qparams())
 
     def _get_name(self) -> str:
         return "QuantizedHardswish"
 
     def extra_repr(self) -> str:
-        return _qparams_repr(self.scale, self.zero_point)
+        return self._qparams_repr()
 
     @staticmethod
     def from_float(mod: torch.nn.Module, use_precomputed_fake_quant: bool = False) -> "Hardswish":
@@ -79,22 +79,28 @@ class Hardswish(torch.nn.Hardswish):
         return cls(float(scale), int(zero_point))
 
 
-class ELU(torch.nn.ELU):
-    """ELU requantized to (scale, zero_point), kept as plain attributes."""
+class ELU(OutputQParams, torch.nn.ELU):
+    """ELU requantized to (scale, zero_point), kept as plain attributes (not in the state
+    dict, as torch)."""
+
+    _QPARAM_STORAGE = "plain"
+
+    scale: float
+    zero_point: int
 
     def __init__(self, scale: float, zero_point: int, alpha: float = 1.0) -> None:
         super().__init__(alpha)
-        self.scale = scale
-        self.zero_point = zero_point
+        self._init_output_qparams(scale, zero_point)
 
     def forward(self, input: QTensor) -> QTensor:
-        return qF.elu(input, self.scale, self.zero_point, self.alpha)
+        scale, zero_point = self._output_qparams()
+        return qF.elu(input, scale, zero_point, self.alpha)
 
     def _get_name(self) -> str:
         return "QuantizedELU"
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, {_qparams_repr(self.scale, self.zero_point)}"
+        return f"{super().extra_repr()}, {self._qparams_repr()}"
 
     @staticmethod
     def from_float(mod: torch.nn.Module, use_precomputed_fake_quant: bool = False) -> "ELU":
@@ -105,8 +111,10 @@ class ELU(torch.nn.ELU):
         return cls(float(scale), int(zero_point), mod.alpha)
 
 
-class LeakyReLU(torch.nn.LeakyReLU):
+class LeakyReLU(OutputQParams, torch.nn.LeakyReLU):
     """Leaky ReLU requantized to the module's (scale, zero_point)."""
+
+    _QPARAM_STORAGE = "buffer"  # as torch: m.scale reads a 0-d tensor
 
     scale: torch.Tensor
     zero_point: torch.Tensor
@@ -114,20 +122,18 @@ class LeakyReLU(torch.nn.LeakyReLU):
     def __init__(self, scale: float, zero_point: int, negative_slope: float = 1e-2,
                  inplace: bool = False, device=None, dtype=None) -> None:
         super().__init__(negative_slope, inplace)
-        self.register_buffer("scale", torch.tensor(scale, device=device, dtype=dtype))
-        self.register_buffer("zero_point", torch.tensor(zero_point, device=device))
+        self._init_output_qparams(scale, zero_point, device, dtype)
 
     def forward(self, input: QTensor) -> QTensor:
         q = require_quantized(input, "leaky_relu")
-        out = _pointwise.leaky_relu(q, self.negative_slope, float(self.scale),
-                                    int(self.zero_point))
+        out = _pointwise.leaky_relu(q, self.negative_slope, *self._output_qparams())
         return _pointwise.store_inplace(q, out) if self.inplace else out
 
     def _get_name(self) -> str:
         return "QuantizedLeakyReLU"
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, {_qparams_repr(self.scale, self.zero_point)}"
+        return f"{super().extra_repr()}, {self._qparams_repr()}"
 
     @classmethod
     def from_float(cls, mod: torch.nn.Module,
@@ -139,21 +145,26 @@ class LeakyReLU(torch.nn.LeakyReLU):
         return cls(float(scale), int(zero_point), mod.negative_slope, mod.inplace)
 
 
-class Sigmoid(torch.nn.Sigmoid):
-    """Sigmoid requantized to (output_scale, output_zero_point); default flows use 1/256, 0."""
+class Sigmoid(OutputQParams, torch.nn.Sigmoid):
+    """Sigmoid requantized to (output_scale, output_zero_point), plain attributes as in torch;
+    default flows use 1/256, 0."""
+
+    _QPARAM_NAMES = ("output_scale", "output_zero_point")
+    _QPARAM_STORAGE = "plain"
+
+    output_scale: float
+    output_zero_point: int
 
     def __init__(self, output_scale: float, output_zero_point: int) -> None:
         super().__init__()
-        self.output_scale = output_scale
-        self.output_zero_point = output_zero_point
+        self._init_output_qparams(output_scale, output_zero_point)
 
     def forward(self, input: QTensor) -> QTensor:
         q = require_quantized(input, "sigmoid")
-        return _pointwise.map_dequantized(q, torch.sigmoid, float(self.output_scale),
-                                          int(self.output_zero_point))
+        return _pointwise.map_dequantized(q, torch.sigmoid, *self._output_qparams())
 
     def extra_repr(self) -> str:
-        return _qparams_repr(self.output_scale, self.output_zero_point)
+        return self._qparams_repr()
 
     @classmethod
     def from_float(cls, mod: torch.nn.Module,
@@ -161,27 +172,32 @@ class Sigmoid(torch.nn.Sigmoid):
         return cls(*_observed_qparams(mod))
 
 
-class Softmax(torch.nn.Softmax):
-    """Softmax of the dequantized input, quantized to (scale, zero_point)."""
+class Softmax(OutputQParams, torch.nn.Softmax):
+    """Softmax of the dequantized input, quantized to (scale, zero_point) (plain attributes,
+    not in the state dict, as torch)."""
+
+    _QPARAM_STORAGE = "plain"
+
+    scale: float
+    zero_point: int
 
     def __init__(self, dim: Optional[int] = None, scale: float = 1.0, zero_point: int = 0) -> None:
         super().__init__()
         self.dim = dim
-        self.scale = scale
-        self.zero_point = zero_point
+        self._init_output_qparams(scale, zero_point)
 
     def forward(self, input: QTensor) -> QTensor:
         q = require_quantized(input, "softmax")
         dim = self.dim
         if dim is None:
             dim = F._get_softmax_dim("softmax", q.dim(), 3)
-        return _normalization.softmax(q, dim, self.scale, self.zero_point)
+        return _normalization.softmax(q, dim, *self._output_qparams())
 
     def _get_name(self) -> str:
         return "QuantizedSoftmax"
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, {_qparams_repr(self.scale, self.zero_point)}"
+        return f"dim={self.dim}, {self._qparams_repr()}"
 
     @staticmethod
     def from_float(mod: torch.nn.Module, use_precomputed_fake_quant: bool = False) -> "Softmax":
@@ -192,19 +208,23 @@ class Softmax(torch.nn.Softmax):
         return cls(mod.dim, float(scale), int(zero_point))
 
 
-class PReLU(torch.nn.Module):
-    """PReLU with a quint8 weight; output qparams (scale, zero_point) as attributes.
+class PReLU(OutputQParams, torch.nn.Module):
+    """PReLU with a quint8 weight; output qparams (scale, zero_point) as plain attributes, not
+    in the state dict (as torch).
 
     The weight is a buffer, so it is saved in the state dict (torch keeps it out)."""
 
+    _QPARAM_STORAGE = "plain"
+
     weight: QTensor
+    scale: float
+    zero_point: int
 
     def __init__(self, output_scale: float, output_zero_point: int,
                  num_parameters: int = 1) -> None:
         super().__init__()
         self.num_parameters = num_parameters
-        self.scale = output_scale
-        self.zero_point = output_zero_point
+        self._init_output_qparams(output_scale, output_zero_point)
         self.register_buffer("weight", quantize_per_tensor(
             torch.randn(num_parameters), 1.0, 0, _dt.quint8))
 
@@ -213,13 +233,13 @@ class PReLU(torch.nn.Module):
 
     def forward(self, input: QTensor) -> QTensor:
         q = require_quantized(input, "prelu")
-        return _binary.prelu(q, self.weight, float(self.scale), int(self.zero_point))
+        return _binary.prelu(q, self.weight, *self._output_qparams())
 
     def _get_name(self) -> str:
         return "QuantizedPReLU"
 
     def extra_repr(self) -> str:
-        return f"num_parameters={self.num_parameters}, {_qparams_repr(self.scale, self.zero_point)}"
+        return f"num_parameters={self.num_parameters}, {self._qparams_repr()}"
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):

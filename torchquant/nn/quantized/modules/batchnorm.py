@@ -2,7 +2,8 @@
 
 State: the float module's ``weight``, ``bias``, ``running_mean``, ``running_var``,
 ``num_batches_tracked`` plus the output qparams ``scale`` (float32 0-d) and ``zero_point``
-(int64 0-d).
+(int64 0-d).  As in torch those are buffers (reading them gives the tensors); unlike torch they
+also take plain numbers on assignment (:class:`~.utils.OutputQParams`).
 """
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ import torch
 from ....qtensor import QTensor
 from .. import _normalization
 from .._validation import require_quantized
+from .utils import OutputQParams
 
 __all__ = ["BatchNorm2d", "BatchNorm3d"]
 
 
-class _BatchNorm(torch.nn.modules.batchnorm._BatchNorm):
+class _BatchNorm(OutputQParams, torch.nn.modules.batchnorm._BatchNorm):
     _NDIM = 4
     _SHAPE_NAME = "(N, C, H, W)"
     _FUSED_RELU = False
+    _QPARAM_STORAGE = "buffer"  # torch's BatchNorm keeps buffers: m.scale reads a 0-d tensor
 
     scale: torch.Tensor
     zero_point: torch.Tensor
@@ -26,8 +29,7 @@ class _BatchNorm(torch.nn.modules.batchnorm._BatchNorm):
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
                  device=None, dtype=None) -> None:
         super().__init__(num_features, eps, momentum, True, True, device=device, dtype=dtype)
-        self.register_buffer("scale", torch.tensor(1.0, device=device, dtype=dtype))
-        self.register_buffer("zero_point", torch.tensor(0, device=device))
+        self._init_output_qparams(1.0, 0, device=device, dtype=dtype)
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() != self._NDIM:
@@ -35,21 +37,20 @@ class _BatchNorm(torch.nn.modules.batchnorm._BatchNorm):
 
     def forward(self, input: QTensor) -> QTensor:
         q = require_quantized(input, "batch_norm")
+        scale, zero_point = self._output_qparams()
         return _normalization.batch_norm(q, self.weight, self.bias, self.running_mean,
-                                         self.running_var, self.eps, float(self.scale),
-                                         int(self.zero_point), relu=self._FUSED_RELU)
+                                         self.running_var, self.eps, scale, zero_point,
+                                         relu=self._FUSED_RELU)
 
     def extra_repr(self) -> str:
-        return (f"{super().extra_repr()}, scale={float(self.scale)}, "
-                f"zero_point={int(self.zero_point)}")
+        return f"{super().extra_repr()}, {self._qparams_repr()}"
 
     def _copy_from(self, bn: torch.nn.Module, scale, zero_point) -> None:
         self.weight = bn.weight
         self.bias = bn.bias
         self.running_mean = bn.running_mean
         self.running_var = bn.running_var
-        self.scale = torch.tensor(float(scale), device=self.scale.device, dtype=self.scale.dtype)
-        self.zero_point = torch.tensor(int(zero_point), device=self.zero_point.device)
+        self.scale, self.zero_point = scale, zero_point
 
     @classmethod
     def from_float(cls, mod: torch.nn.Module, use_precomputed_fake_quant: bool = False):

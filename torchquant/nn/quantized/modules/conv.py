@@ -3,7 +3,8 @@
 The qint8 weight is packed once (:func:`torchquant.kernels.conv.pack_conv_weight`) whenever it
 is set -- construction, ``from_float``, ``set_weight_bias``, ``load_state_dict`` -- never per
 call.  The state dict holds what torch's holds, in torch's order: ``weight`` (our QTensor),
-``bias`` (float or None), ``scale`` (float32 0-d) and ``zero_point`` (int64 0-d).
+``bias`` (float or None), ``scale`` (float32 0-d) and ``zero_point`` (int64 0-d); in the
+module ``scale`` / ``zero_point`` are plain, assignable Python numbers, as in torch.
 
 ``padding_mode='reflect'`` pads the uint8 input itself (reflection only moves values, so it is
 exact on the integers) and packs the weight for zero padding, as torch does.
@@ -22,7 +23,7 @@ from ....qtensor import QTensor
 from ....tensor_functions import quantize_per_channel, quantize_per_tensor
 from ...intrinsic.modules import fused as _fused
 from .._validation import require_quantized
-from .utils import quantize_weight
+from .utils import OutputQParams, quantize_weight
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
            "ConvTranspose3d"]
@@ -96,7 +97,7 @@ def _reference_quantized_weight(ref: nn.Module) -> QTensor:
     raise ValueError(f"unsupported reference weight qscheme {scheme!r} for a quantized conv")
 
 
-class _ConvNd(nn.Module):
+class _ConvNd(OutputQParams, nn.Module):
     """Shared body.  Subclasses set ``_SPATIAL`` (1, 2, 3), ``_TRANSPOSED``, ``_NAME`` and
     ``_FLOAT_MODULE`` (the float type ``from_float`` accepts); fused ones ``_FUSED_RELU``."""
 
@@ -105,9 +106,10 @@ class _ConvNd(nn.Module):
     _NAME: ClassVar[str]
     _FLOAT_MODULE: ClassVar[Any]
     _FUSED_RELU: ClassVar[bool] = False
+    _OUTPUT_QDTYPES = (_dt.quint8,)
 
-    scale: torch.Tensor
-    zero_point: torch.Tensor
+    scale: float
+    zero_point: int
 
     def _init(self, in_channels: int, out_channels: int, kernel_size: IntOrTuple,
               stride: IntOrTuple, padding: IntOrTuple, dilation: IntOrTuple,
@@ -139,8 +141,7 @@ class _ConvNd(nn.Module):
         self.output_padding = _ntuple(output_padding, n, "output_padding")
         self.groups = int(groups)
         self.padding_mode = padding_mode
-        self.register_buffer("scale", torch.tensor(1.0, device=device), persistent=False)
-        self.register_buffer("zero_point", torch.tensor(0, device=device), persistent=False)
+        self._init_output_qparams(1.0, 0)
         weight = QTensor.from_int(torch.zeros(self._weight_shape(), dtype=torch.int8,
                                               device=device), 1.0, 0, _dt.qint8)
         self.set_weight_bias(weight, torch.zeros(self.out_channels, device=device)
@@ -157,8 +158,7 @@ class _ConvNd(nn.Module):
     def extra_repr(self) -> str:
         n = self._SPATIAL
         s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-             f"stride={self.stride}, scale={float(self.scale)}, "
-             f"zero_point={int(self.zero_point)}")
+             f"stride={self.stride}, {self._qparams_repr()}")
         if self.padding != (0,) * n:
             s += f", padding={self.padding}"
         if self.dilation != (1,) * n:
@@ -231,30 +231,29 @@ class _ConvNd(nn.Module):
             return q.int_data
         return F.pad(q.int_data, _reflect_pad_amounts(self.padding), mode=self.padding_mode)
 
-    def _conv_int(self, x_int: torch.Tensor, q: QTensor, relu: bool) -> torch.Tensor:
+    def _conv_int(self, x_int: torch.Tensor, q: QTensor, relu: bool, scale: float,
+                  zero_point: int) -> torch.Tensor:
         p = self._packed_params
         x_scale, x_zp = q._scale_zp()
         run = ops_conv.conv_transpose if self.transposed else ops_conv.conv
-        return run(x_int, x_scale, x_zp, p, float(self.scale), int(self.zero_point), relu=relu)
+        return run(x_int, x_scale, x_zp, p, scale, zero_point, relu=relu)
 
     def forward(self, input: QTensor) -> QTensor:
         q = self._quantized_input(input)
-        out = self._conv_int(self._input_int(q), q, self._FUSED_RELU)
-        return QTensor.from_int_per_tensor(out, float(self.scale), int(self.zero_point), _dt.quint8)
+        scale, zero_point = self._output_qparams()
+        out = self._conv_int(self._input_int(q), q, self._FUSED_RELU, scale, zero_point)
+        return QTensor.from_int_per_tensor(out, scale, zero_point, _dt.quint8)
 
     # ---- serialization ----------------------------------------------------------------------
     def _save_to_state_dict(self, destination, prefix, keep_vars):
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        w, b = self._weight_bias()
+        w, b = self._weight_bias()  # torch's order: weight, bias, then scale, zero_point
         destination[prefix + "weight"] = w
         destination[prefix + "bias"] = b
-        destination[prefix + "scale"] = self.scale if keep_vars else self.scale.detach().clone()
-        destination[prefix + "zero_point"] = (self.zero_point if keep_vars
-                                              else self.zero_point.detach().clone())
+        super()._save_to_state_dict(destination, prefix, keep_vars)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
-        keys = {name: prefix + name for name in ("weight", "bias", "scale", "zero_point")}
+        keys = {name: prefix + name for name in ("weight", "bias")}
         present = {name: key in state_dict for name, key in keys.items()}
         for name, key in keys.items():
             if not present[name] and strict:
@@ -282,22 +281,7 @@ class _ConvNd(nn.Module):
                     error_msgs.append(f"{keys['weight']}: {exc}")
         elif "bias" in values:
             error_msgs.append(f"{keys['bias']} given without {keys['weight']}")
-        for name, dtype in (("scale", torch.float32), ("zero_point", torch.int64)):
-            if name not in values:
-                continue
-            v = values[name]
-            if isinstance(v, (int, float)):
-                v = torch.tensor(v)
-            if not isinstance(v, torch.Tensor) or isinstance(v, QTensor) or v.numel() != 1:
-                error_msgs.append(f"{keys[name]}: expected a one-element tensor, got "
-                                  f"{tuple(getattr(v, 'shape', ())) or type(v).__name__}")
-                continue
-            if name == "zero_point" and v.dtype.is_floating_point and float(v) != int(v):
-                error_msgs.append(f"{keys[name]}: the zero point must be an integer, got "
-                                  f"{float(v)}")
-                continue
-            getattr(self, name).copy_(v.reshape(()).to(dtype))
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, False, missing_keys,
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
 
     # ---- conversion -------------------------------------------------------------------------
@@ -340,9 +324,7 @@ class _ConvNd(nn.Module):
         qconv = cls._from_geometry(conv)
         qconv.set_weight_bias(quantize_weight(conv.weight.float(), observer), conv.bias)
         if activation is not None and not _has_float_dtype(activation):
-            scale, zero_point = activation.calculate_qparams()
-            qconv.scale.fill_(float(scale))
-            qconv.zero_point.fill_(int(zero_point))
+            qconv.scale, qconv.zero_point = activation.calculate_qparams()
         return qconv
 
     @classmethod
@@ -354,8 +336,7 @@ class _ConvNd(nn.Module):
             ref_qconv = ref_qconv[0]
         qconv = cls._from_geometry(ref_qconv)
         qconv.set_weight_bias(_reference_quantized_weight(ref_qconv), ref_qconv.bias)
-        qconv.scale.fill_(float(output_scale))
-        qconv.zero_point.fill_(int(output_zero_point))
+        qconv.scale, qconv.zero_point = output_scale, output_zero_point
         return qconv
 
 

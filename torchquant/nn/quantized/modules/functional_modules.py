@@ -14,6 +14,7 @@ from torch import Tensor
 
 from ....qtensor import QTensor
 from .. import _binary
+from .utils import OutputQParams
 
 __all__ = ["FloatFunctional", "FXFloatFunctional", "QFunctional"]
 
@@ -79,63 +80,49 @@ class FloatFunctional(_FloatOps):
         return self.activation_post_process(super().matmul(x, y))
 
 
-class QFunctional(torch.nn.Module):
-    """The quantized ops.  Binary ops and ``cat`` produce (``scale``, ``zero_point``), saved in
-    the state dict as float32 / int64 0-d tensors; ``add_scalar`` / ``mul_scalar`` derive
-    their output qparams from the input."""
+class QFunctional(OutputQParams, torch.nn.Module):
+    """The quantized ops.  Binary ops and ``cat`` produce (``scale``, ``zero_point``): plain,
+    assignable Python numbers saved in the state dict as float32 / int64 0-d tensors, as
+    torch (:class:`~.utils.OutputQParams`); ``add_scalar`` / ``mul_scalar`` derive their
+    output qparams from the input."""
+
+    scale: float
+    zero_point: int
 
     def __init__(self) -> None:
         super().__init__()
-        self.scale = 1.0
-        self.zero_point = 0
+        self._init_output_qparams(1.0, 0)
         self.activation_post_process = torch.nn.Identity()
 
     forward = _no_forward
-
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        destination[prefix + "scale"] = torch.tensor(self.scale)
-        destination[prefix + "zero_point"] = torch.tensor(self.zero_point)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        for key in ("scale", "zero_point"):
-            if prefix + key not in state_dict:
-                missing_keys.append(prefix + key)
-        if prefix + "scale" in state_dict:
-            self.scale = float(state_dict.pop(prefix + "scale"))
-        if prefix + "zero_point" in state_dict:
-            self.zero_point = int(state_dict.pop(prefix + "zero_point"))
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, False, missing_keys,
-                                      unexpected_keys, error_msgs)
 
     def _get_name(self) -> str:
         return "QFunctional"
 
     def extra_repr(self) -> str:
-        return f"scale={self.scale}, zero_point={self.zero_point}"
+        return self._qparams_repr()
 
     def add(self, x: QTensor, y: QTensor) -> QTensor:
-        return self.activation_post_process(_binary.add(x, y, self.scale, self.zero_point))
+        return self.activation_post_process(_binary.add(x, y, *self._output_qparams()))
 
     def add_scalar(self, x: QTensor, y: float) -> QTensor:
         return _binary.add_scalar(x, y)
 
     def mul(self, x: QTensor, y: QTensor) -> QTensor:
-        return self.activation_post_process(_binary.mul(x, y, self.scale, self.zero_point))
+        return self.activation_post_process(_binary.mul(x, y, *self._output_qparams()))
 
     def mul_scalar(self, x: QTensor, y: float) -> QTensor:
         return _binary.mul_scalar(x, y)
 
     def cat(self, x: list[QTensor], dim: int = 0) -> QTensor:
-        return self.activation_post_process(_binary.cat(x, dim, self.scale, self.zero_point))
+        return self.activation_post_process(_binary.cat(x, dim, *self._output_qparams()))
 
     def add_relu(self, x: QTensor, y: QTensor) -> QTensor:
         return self.activation_post_process(
-            _binary.add(x, y, self.scale, self.zero_point, relu=True))
+            _binary.add(x, y, *self._output_qparams(), relu=True))
 
     def matmul(self, x: QTensor, y: QTensor) -> QTensor:
-        return _binary.matmul(x, y, self.scale, self.zero_point)
+        return _binary.matmul(x, y, *self._output_qparams())
 
     @classmethod
     def from_float(cls, mod: torch.nn.Module,
@@ -143,8 +130,6 @@ class QFunctional(torch.nn.Module):
         if type(mod).__name__ != "FloatFunctional":
             raise AssertionError("QFunctional.from_float expects an instance of FloatFunctional, "
                                  f"got {type(mod).__name__}")
-        scale, zero_point = mod.activation_post_process.calculate_qparams()
         new_mod = cls()
-        new_mod.scale = float(scale)
-        new_mod.zero_point = int(zero_point)
+        new_mod.scale, new_mod.zero_point = mod.activation_post_process.calculate_qparams()
         return new_mod

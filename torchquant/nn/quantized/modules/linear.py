@@ -16,7 +16,7 @@ from .... import dtypes as _dt
 from ....ops import linear as ops_linear
 from ....qtensor import QTensor
 from .._validation import require_quantized
-from .utils import observed_output_qparams, quantize_weight, weight_observer_of
+from .utils import OutputQParams, observed_output_qparams, quantize_weight, weight_observer_of
 
 __all__ = ["LinearPackedParams", "Linear"]
 
@@ -109,19 +109,21 @@ class LinearPackedParams(torch.nn.Module):
         return repr(self._weight_bias())
 
 
-class Linear(torch.nn.Module):
+class Linear(OutputQParams, torch.nn.Module):
     """``y = quantize(x_hat @ w_hat.T + b)`` on a per-tensor quantized input.
 
-    Buffers ``scale`` (float32) / ``zero_point`` (int64) give the output's qparams; the output
+    ``scale`` / ``zero_point`` give the output's qparams: plain, assignable Python numbers as in
+    torch, saved as float32 / int64 0-d tensors (:class:`~.utils.OutputQParams`).  The output
     has the input's dtype (quint8 for the x86 qconfigs).
     """
 
     _version = 3
     _FLOAT_MODULE: Any = (torch.nn.Linear, torch.nn.modules.linear.NonDynamicallyQuantizableLinear)
     _FUSED_RELU = False
+    _OUTPUT_QDTYPES = (_dt.quint8, _dt.qint8)
 
-    scale: torch.Tensor
-    zero_point: torch.Tensor
+    scale: float
+    zero_point: int
 
     def __init__(self, in_features: int, out_features: int, bias_: bool = True,
                  dtype: Any = _dt.qint8) -> None:
@@ -133,16 +135,14 @@ class Linear(torch.nn.Module):
                                   0, _dt.qint8)
         self._packed_params.set_weight_bias(weight,
                                             torch.zeros(out_features) if bias_ else None)
-        self.register_buffer("scale", torch.tensor(1.0))
-        self.register_buffer("zero_point", torch.tensor(0))
+        self._init_output_qparams(1.0, 0)
 
     def _get_name(self) -> str:
         return "QuantizedLinear"
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"scale={float(self.scale)}, zero_point={int(self.zero_point)}, "
-                f"qscheme={self.weight().qscheme()}")
+                f"{self._qparams_repr()}, qscheme={self.weight().qscheme()}")
 
     def __repr__(self) -> str:  # the packed params child is an implementation detail
         return f"{self._get_name()}({self.extra_repr()})"
@@ -151,16 +151,16 @@ class Linear(torch.nn.Module):
         """Keyword arguments of the fused kernel epilogue (subclasses fuse ReLU)."""
         return {"relu": self._FUSED_RELU}
 
-    def _linear_int(self, q: QTensor) -> torch.Tensor:
+    def _linear_int(self, q: QTensor, scale: float, zero_point: int) -> torch.Tensor:
         x_scale, x_zp = q._scale_zp()
-        return ops_linear.linear(q.int_data, x_scale, x_zp, self._packed_params.packed,
-                                 float(self.scale), int(self.zero_point),
-                                 q.qdtype.storage_dtype, **self._apply_epilogue())
+        return ops_linear.linear(q.int_data, x_scale, x_zp, self._packed_params.packed, scale,
+                                 zero_point, q.qdtype.storage_dtype, **self._apply_epilogue())
 
     def forward(self, x: QTensor) -> QTensor:
         q = require_quantized(x, "linear")
-        out = self._linear_int(q)
-        return QTensor.from_int_per_tensor(out, float(self.scale), int(self.zero_point), q.qdtype)
+        scale, zero_point = self._output_qparams()
+        out = self._linear_int(q, scale, zero_point)
+        return QTensor.from_int_per_tensor(out, scale, zero_point, q.qdtype)
 
     # ---- weights ----------------------------------------------------------------------------
     def _weight_bias(self):
@@ -177,15 +177,6 @@ class Linear(torch.nn.Module):
             raise ValueError(f"weight of shape {tuple(w.shape)} does not fit a Linear("
                              f"{self.in_features}, {self.out_features})")
         self._packed_params.set_weight_bias(w, b)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        for name in ("scale", "zero_point"):  # torch saves 0-d; accept 1-element tensors too
-            key = prefix + name
-            if key in state_dict and isinstance(state_dict[key], torch.Tensor):
-                state_dict[key] = state_dict[key].reshape(())
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
 
     # ---- conversion -------------------------------------------------------------------------
     @classmethod
@@ -226,8 +217,7 @@ class Linear(torch.nn.Module):
         qweight = quantize_weight(linear.weight, observer)
         qlinear = cls._new_like(mod, linear)
         qlinear.set_weight_bias(qweight, linear.bias)
-        qlinear.scale.fill_(out_scale)
-        qlinear.zero_point.fill_(out_zp)
+        qlinear.scale, qlinear.zero_point = out_scale, out_zp
         return qlinear
 
     @classmethod
@@ -240,6 +230,5 @@ class Linear(torch.nn.Module):
         """A quantized Linear from a reference quantized Linear (float weights + qparams)."""
         qlinear = cls._new_like(ref_qlinear, ref_qlinear)
         qlinear.set_weight_bias(ref_qlinear.get_quantized_weight(), ref_qlinear.bias)
-        qlinear.scale.fill_(float(output_scale))
-        qlinear.zero_point.fill_(int(output_zero_point))
+        qlinear.scale, qlinear.zero_point = output_scale, output_zero_point
         return qlinear

@@ -2,7 +2,8 @@
 
 Each keeps its float affine parameters (``weight``/``bias`` must be ``nn.Parameter`` s, as the
 float module registers them) and the output qparams as buffers ``scale`` (float32 0-d) and
-``zero_point`` (int64 0-d).
+``zero_point`` (int64 0-d), as torch: reading them gives the tensors; unlike torch they also take
+plain numbers on assignment (:class:`~.utils.OutputQParams`).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from ....qtensor import QTensor
 from .. import _normalization
 from .._validation import require_quantized
+from .utils import OutputQParams
 
 __all__ = ["LayerNorm", "GroupNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"]
 
@@ -22,18 +24,13 @@ def _observed_qparams(mod: torch.nn.Module) -> tuple[float, int]:
     return float(scale), int(zero_point)
 
 
-class _OutputQParams:
-    """Mixin: the ``scale`` / ``zero_point`` buffers and their repr."""
+class _OutputQParams(OutputQParams):
+    """torch keeps the norms' qparams as buffers: ``m.scale`` reads a 0-d tensor."""
+
+    _QPARAM_STORAGE = "buffer"
 
     scale: torch.Tensor
     zero_point: torch.Tensor
-
-    def _register_qparams(self, scale: float, zero_point: int, device=None, dtype=None) -> None:
-        self.register_buffer("scale", torch.tensor(float(scale), device=device, dtype=dtype))
-        self.register_buffer("zero_point", torch.tensor(int(zero_point), device=device))
-
-    def _qparams_repr(self) -> str:
-        return f"scale={float(self.scale)}, zero_point={int(self.zero_point)}"
 
 
 class LayerNorm(_OutputQParams, torch.nn.LayerNorm):
@@ -47,12 +44,12 @@ class LayerNorm(_OutputQParams, torch.nn.LayerNorm):
                          device=device, dtype=dtype)
         self.weight = weight
         self.bias = bias
-        self._register_qparams(scale, zero_point, device, dtype)
+        self._init_output_qparams(scale, zero_point, device, dtype)
 
     def forward(self, input: QTensor) -> QTensor:
         q = require_quantized(input, "layer_norm")
         return _normalization.layer_norm(q, self.normalized_shape, self.weight, self.bias,
-                                         self.eps, float(self.scale), int(self.zero_point))
+                                         self.eps, *self._output_qparams())
 
     def _get_name(self) -> str:
         return "QuantizedLayerNorm"
@@ -81,12 +78,12 @@ class GroupNorm(_OutputQParams, torch.nn.GroupNorm):
         super().__init__(num_groups, num_channels, eps, affine, device=device, dtype=dtype)
         self.weight = weight
         self.bias = bias
-        self._register_qparams(scale, zero_point, device, dtype)
+        self._init_output_qparams(scale, zero_point, device, dtype)
 
     def forward(self, input: QTensor) -> QTensor:
         q = require_quantized(input, "group_norm")
         return _normalization.group_norm(q, self.num_groups, self.weight, self.bias, self.eps,
-                                         float(self.scale), int(self.zero_point))
+                                         *self._output_qparams())
 
     def _get_name(self) -> str:
         return "QuantizedGroupNorm"
@@ -117,12 +114,12 @@ class _InstanceNorm(_OutputQParams):
                          device=device, dtype=dtype)
         self.weight = weight
         self.bias = bias
-        self._register_qparams(scale, zero_point, device, dtype)
+        self._init_output_qparams(scale, zero_point, device, dtype)
 
     def forward(self, input: QTensor) -> QTensor:
         q = require_quantized(input, "instance_norm")
         return _normalization.instance_norm(q, self.weight, self.bias, self.eps,
-                                            float(self.scale), int(self.zero_point))
+                                            *self._output_qparams())
 
     def _get_name(self) -> str:
         return f"Quantized{type(self).__name__}"

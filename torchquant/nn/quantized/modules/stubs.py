@@ -7,15 +7,22 @@ import torch
 
 from .... import dtypes as _dt
 from ....tensor_functions import dequantize, quantize_per_tensor
+from .utils import OutputQParams
 
 __all__ = ["Quantize", "DeQuantize"]
 
 
-class Quantize(torch.nn.Module):
+class Quantize(OutputQParams, torch.nn.Module):
     """Quantizes a float tensor per tensor with fixed (scale, zero_point, dtype).
 
-    ``scale`` (float32) and ``zero_point`` (int64) are 1-element buffers, as in torch;
-    ``factory_kwargs`` may set their ``device`` and the float ``dtype`` of ``scale``."""
+    ``scale`` (float32) and ``zero_point`` (int64) are 1-element buffers, as in torch (reading
+    them gives the tensors); they also take numbers on assignment.  The forward reads Python
+    numbers cached from them (:class:`~.utils.OutputQParams`), so tracing sees no
+    ``float(buffer)``.  ``factory_kwargs`` may set their ``device`` and the float ``dtype`` of
+    ``scale``."""
+
+    _QPARAM_STORAGE = "buffer"
+    _QPARAM_BUFFER_SHAPE = (1,)
 
     scale: torch.Tensor
     zero_point: torch.Tensor
@@ -24,14 +31,16 @@ class Quantize(torch.nn.Module):
                  factory_kwargs: Optional[dict] = None) -> None:
         super().__init__()
         factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
-        device = factory_kwargs.get("device")
-        self.register_buffer("scale", torch.tensor([scale], **factory_kwargs))
-        self.register_buffer("zero_point", torch.tensor([zero_point], dtype=torch.long,
-                                                        device=device))
         self.dtype = _dt.to_qdtype(dtype)
+        self._init_output_qparams(scale, zero_point, factory_kwargs.get("device"),
+                                  factory_kwargs.get("dtype"))
+
+    def _output_qdtypes(self) -> tuple[_dt.QDType, ...]:
+        return (self.dtype,)
 
     def forward(self, X: torch.Tensor):
-        return quantize_per_tensor(X, float(self.scale), int(self.zero_point), self.dtype)
+        scale, zero_point = self._output_qparams()
+        return quantize_per_tensor(X, scale, zero_point, self.dtype)
 
     def extra_repr(self) -> str:
         return f"scale={self.scale}, zero_point={self.zero_point}, dtype={self.dtype}"

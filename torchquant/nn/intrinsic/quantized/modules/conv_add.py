@@ -40,9 +40,11 @@ class ConvAdd2d(Conv2d):
         if self._ADD_RELU:
             y = torch.relu(y)
         qd = _dt.quint8
-        out = affine.quantize_int(y, self.scale.double(), self.zero_point, qd.qmin, qd.qmax,
+        scale, zero_point = self._output_qparams()
+        out = affine.quantize_int(y, torch.tensor(scale, dtype=torch.float64, device=y.device),
+                                  torch.tensor(zero_point, device=y.device), qd.qmin, qd.qmax,
                                   qd.storage_dtype, mode=affine.quantize_mode(qd, False))
-        return QTensor.from_int_per_tensor(out, float(self.scale), int(self.zero_point), qd)
+        return QTensor.from_int_per_tensor(out, scale, zero_point, qd)
 
 
 class ConvAddReLU2d(ConvAdd2d):

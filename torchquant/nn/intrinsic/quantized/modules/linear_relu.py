@@ -43,10 +43,9 @@ class _LinearFloatActivation(Linear):
     def _activation(self, y: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _linear_int(self, q: QTensor) -> torch.Tensor:
+    def _linear_int(self, q: QTensor, scale: float, zero_point: int) -> torch.Tensor:
         y = ops_linear.linear_float_out(q.int_data, *q._scale_zp(), self._packed_params.packed)
-        return ops_quantize.quantize_per_tensor(self._activation(y), float(self.scale),
-                                                int(self.zero_point), q.qdtype)
+        return ops_quantize.quantize_per_tensor(self._activation(y), scale, zero_point, q.qdtype)
 
     @classmethod
     def from_reference(cls, ref_mod: torch.nn.Module, output_scale: float,
