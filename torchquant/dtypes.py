@@ -7,6 +7,7 @@ torch's own quantized dtype / qscheme objects are accepted as aliases (``to_qdty
 """
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import torch
@@ -19,31 +20,32 @@ __all__ = [
 ]
 
 
-class QDType:
+class QDType(enum.Enum):
     """A quantized dtype: integer range, bit width and the plain storage dtype.
 
-    Instances are singletons (one per name); they compare equal to their torch aliases so that
-    ported code such as ``obs.dtype == torch.quint8`` keeps working.
+    Members are singletons; they compare equal to their torch aliases so that ported code such
+    as ``obs.dtype == torch.quint8`` keeps working.  An ``Enum`` because ``torch.compile``
+    treats enum members as constants: a QTensor built inside a compiled graph carries its
+    QDType as such.
     """
 
-    __slots__ = ("name", "storage_dtype", "qmin", "qmax", "bits", "is_signed", "torch_dtype",
-                 "_aliases")
-    _registry: dict[str, "QDType"] = {}
+    # name = (storage dtype, qmin, qmax, bits, signed, torch's dtype, accepted aliases)
+    quint8 = (torch.uint8, 0, 255, 8, False, torch.quint8, (torch.quint8, torch.uint8))
+    qint8 = (torch.int8, -128, 127, 8, True, torch.qint8, (torch.qint8, torch.int8))
+    qint32 = (torch.int32, -(2**31), 2**31 - 1, 32, True, torch.qint32,
+              (torch.qint32, torch.int32))
+    quint4x2 = (torch.uint8, 0, 15, 4, False, torch.quint4x2, (torch.quint4x2,))
+    quint2x4 = (torch.uint8, 0, 3, 2, False, torch.quint2x4, (torch.quint2x4,))
 
-    def __init__(self, name: str, storage_dtype: torch.dtype, qmin: int, qmax: int, bits: int,
+    def __init__(self, storage_dtype: torch.dtype, qmin: int, qmax: int, bits: int,
                  is_signed: bool, torch_dtype: Any, aliases: tuple) -> None:
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "storage_dtype", storage_dtype)
-        object.__setattr__(self, "qmin", qmin)
-        object.__setattr__(self, "qmax", qmax)
-        object.__setattr__(self, "bits", bits)
-        object.__setattr__(self, "is_signed", is_signed)
-        object.__setattr__(self, "torch_dtype", torch_dtype)
-        object.__setattr__(self, "_aliases", tuple(a for a in aliases if a is not None))
-        QDType._registry[name] = self
-
-    def __setattr__(self, key, value):
-        raise AttributeError("QDType is immutable")
+        self.storage_dtype = storage_dtype
+        self.qmin = qmin
+        self.qmax = qmax
+        self.bits = bits
+        self.is_signed = is_signed
+        self.torch_dtype = torch_dtype
+        self._aliases = tuple(a for a in aliases if a is not None)
 
     @property
     def values_per_byte(self) -> int:
@@ -57,6 +59,8 @@ class QDType:
     def __repr__(self) -> str:
         return f"torchquant.{self.name}"
 
+    __str__ = __repr__
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, QDType):
             return other is self
@@ -65,7 +69,7 @@ class QDType:
     def __hash__(self) -> int:
         return hash(self.torch_dtype) if self.torch_dtype is not None else hash(self.name)
 
-    def __reduce__(self):
+    def __reduce_ex__(self, protocol):
         return (_qdtype_by_name, (self.name,))
 
 
@@ -107,25 +111,21 @@ class QScheme:
 
 
 def _qdtype_by_name(name: str) -> QDType:
-    return QDType._registry[name]
+    return QDType[name]
 
 
 def qdtype_of(x: Any) -> QDType:
     """:func:`to_qdtype`, also taking a QDType's name (``"quint8"``): the form graphs and op
     schemas carry, since a QDType object is not a graph constant."""
-    return QDType._registry[x] if isinstance(x, str) else to_qdtype(x)
+    return QDType[x] if isinstance(x, str) else to_qdtype(x)
 
 
 def _qscheme_by_name(name: str) -> QScheme:
     return QScheme._registry[name]
 
 
-quint8 = QDType("quint8", torch.uint8, 0, 255, 8, False, torch.quint8, (torch.quint8, torch.uint8))
-qint8 = QDType("qint8", torch.int8, -128, 127, 8, True, torch.qint8, (torch.qint8, torch.int8))
-qint32 = QDType("qint32", torch.int32, -(2**31), 2**31 - 1, 32, True, torch.qint32,
-                (torch.qint32, torch.int32))
-quint4x2 = QDType("quint4x2", torch.uint8, 0, 15, 4, False, torch.quint4x2, (torch.quint4x2,))
-quint2x4 = QDType("quint2x4", torch.uint8, 0, 3, 2, False, torch.quint2x4, (torch.quint2x4,))
+quint8, qint8, qint32 = QDType.quint8, QDType.qint8, QDType.qint32
+quint4x2, quint2x4 = QDType.quint4x2, QDType.quint2x4
 
 per_tensor_affine = QScheme("per_tensor_affine", torch.per_tensor_affine)
 per_channel_affine = QScheme("per_channel_affine", torch.per_channel_affine)
@@ -135,7 +135,7 @@ per_channel_affine_float_qparams = QScheme("per_channel_affine_float_qparams",
                                            torch.per_channel_affine_float_qparams)
 
 _QDTYPE_ALIASES: dict = {}
-for _q in QDType._registry.values():
+for _q in QDType:
     for _a in _q._aliases:
         _QDTYPE_ALIASES[_a] = _q
 _QSCHEME_ALIASES = {q.torch_qscheme: q for q in QScheme._registry.values()}
@@ -160,7 +160,7 @@ def to_qdtype(x: Any) -> QDType:
     except TypeError:
         found = None
     if found is None:
-        allowed = ", ".join(sorted(QDType._registry))
+        allowed = ", ".join(sorted(QDType.__members__))
         raise TypeError(f"unsupported quantized dtype {x!r}; expected one of torchquant.{{{allowed}}} "
                         "or the torch aliases torch.quint8/qint8/qint32/quint4x2/quint2x4/uint8/int8/int32")
     return found

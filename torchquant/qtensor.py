@@ -136,12 +136,15 @@ class QTensor(torch.Tensor):
 
     # ---- tracing / serialization --------------------------------------------------------------
     def __tensor_flatten__(self):
-        return ["int_data", "scale", "zero_point"], (self.qdtype, self.axis, tuple(self.shape),
+        # plain constants only (the dtype by name): dynamo rebuilds the tensor from them
+        return ["int_data", "scale", "zero_point"], (self.qdtype.name, self.axis,
+                                                     tuple(self.shape),
                                                      self.__dict__.get("_numbers"))
 
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
         qdtype, axis, shape, numbers = ctx
+        qdtype = _dt.qdtype_of(qdtype)
         return QTensor(inner["int_data"], inner["scale"], inner["zero_point"], qdtype, axis,
                        outer_size if qdtype.is_sub_byte else None, numbers)
 
