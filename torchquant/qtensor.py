@@ -126,7 +126,7 @@ class QTensor(torch.Tensor):
         key = (float(scale), int(zero_point), qdtype)
         if torch.compiler.is_compiling():  # no shared cache while dynamo traces
             scale_t, zp_t = _normalise_qparams(key[0], key[1], qdtype, None, ())
-            return cls(int_data, scale_t, zp_t, qdtype.name, numbers=key[:2])
+            return cls(int_data, scale_t, zp_t, qdtype, numbers=key[:2])
         qparams = _SHARED_QPARAMS.get(key)
         if qparams is None:
             if len(_SHARED_QPARAMS) >= 4096:
@@ -255,7 +255,7 @@ class QTensor(torch.Tensor):
             return QTensor(affine.pack_sub_byte(values, self.qdtype.bits), scale, zero_point,
                            self.qdtype, axis, tuple(values.shape))
         numbers = self.__dict__.get("_numbers") if same else None
-        return QTensor(values, scale, zero_point, self.qdtype.name, axis, numbers=numbers)
+        return QTensor(values, scale, zero_point, self.qdtype, axis, numbers=numbers)
 
     def __repr__(self, *, tensor_contents=None) -> str:
         meta = f"size={tuple(self.shape)}, dtype={self.qdtype!r}, qscheme={self.qscheme()!r}"
@@ -377,7 +377,7 @@ def _traced_per_tensor(q: Any) -> bool:
 
 def _rewrap(q: QTensor, out: Any) -> Any:
     if isinstance(out, torch.Tensor):
-        return QTensor(out, q.scale, q.zero_point, q.qdtype.name, numbers=q._numbers)
+        return QTensor(out, q.scale, q.zero_point, q.qdtype, numbers=q._numbers)
     return type(out)(_rewrap(q, o) for o in out)
 
 

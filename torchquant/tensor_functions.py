@@ -60,7 +60,7 @@ def quantize_per_tensor(input: Union[torch.Tensor, Sequence[torch.Tensor]], scal
         # and the numbers kept on the result for the ops that follow.
         numbers = (float(scale), int(zero_point))
         values = ops_quantize.quantize_per_tensor(x, *numbers, qdtype)
-        return QTensor(values, scale_t.to(x.device), zp_t.to(x.device), qdtype.name,
+        return QTensor(values, scale_t.to(x.device), zp_t.to(x.device), qdtype,
                        numbers=numbers)
     return _make(x, scale_t, zp_t, qdtype, None)
 
