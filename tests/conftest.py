@@ -1,3 +1,4 @@
+import io
 import warnings
 
 import pytest
@@ -11,3 +12,14 @@ warnings.filterwarnings("ignore", message="torch.quantize_per_tensor, torch.quan
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def weights_only_roundtrip():
+    """``state -> torch.save -> torch.load(weights_only=True)``."""
+    def roundtrip(state):
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        buffer.seek(0)
+        return torch.load(buffer, weights_only=True)
+    return roundtrip
