@@ -1,3 +1,4 @@
+import functools
 import io
 import warnings
 
@@ -23,3 +24,88 @@ def weights_only_roundtrip():
         buffer.seek(0)
         return torch.load(buffer, weights_only=True)
     return roundtrip
+
+
+# --------------------------------------------------------------------------------------------
+# What the CPU under the tests does to torch's oracles
+# --------------------------------------------------------------------------------------------
+#
+# The suite runs on AVX-512 Xeons (VNNI / AMX) and on AVX2-only CPUs (e.g. AMD EPYC).  On the
+# latter, torch's x86 / fbgemm / onednn int8 GEMMs and convs multiply u8 x s8 with
+# ``vpmaddubsw``, which saturates each pair ``u8*s8 + u8*s8`` to int16: with activations above
+# 128 torch's quantized Linear / Conv are simply wrong there (e.g. 247 where the exact answer
+# is 255).  Activations 0..127 -- what torch's reduce_range qconfigs produce -- never saturate.
+# torchquant's own kernels stay exact on such CPUs (kernels.linear.onednn_u8_exact_max); only
+# the oracle needs care.
+
+def cpu_has_avx512() -> bool:
+    """ATen's dispatch level (``AVX512`` / ``AVX2`` / ``DEFAULT``...) names AVX-512."""
+    return "AVX512" in torch.backends.cpu.get_cpu_capability().upper()
+
+
+def _torch_linear_conv_u8(engine: str) -> tuple[int, int]:
+    """torch's quantized Linear and Conv2d output for all-255 activations and all-127 weights
+    under ``engine`` (exact: 207 and 233)."""
+    nnq = torch.ao.nn.quantized
+    old = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        lin = nnq.Linear(64, 16)
+        lin.set_weight_bias(torch._make_per_tensor_quantized_tensor(
+            torch.full((16, 64), 127, dtype=torch.int8), 1.0, 0), None)
+        lin.scale, lin.zero_point = 10000.0, 0
+        x = torch._make_per_tensor_quantized_tensor(torch.full((4, 64), 255, dtype=torch.uint8),
+                                                    1.0, 0)
+        conv = nnq.Conv2d(8, 16, 3)
+        conv.set_weight_bias(torch._make_per_tensor_quantized_tensor(
+            torch.full((16, 8, 3, 3), 127, dtype=torch.int8), 1.0, 0), None)
+        conv.scale, conv.zero_point = 10000.0, 0
+        xc = torch._make_per_tensor_quantized_tensor(
+            torch.full((1, 8, 5, 5), 255, dtype=torch.uint8), 1.0, 0)
+        return int(lin(x).int_repr().min()), int(conv(xc).int_repr().min())
+    finally:
+        torch.backends.quantized.engine = old
+
+
+@functools.cache
+def torch_oracle_exact_u8() -> bool:
+    """Whether torch's x86 / fbgemm / onednn quantized Linear and Conv are exact for quint8
+    activations up to 255 on this CPU (False where they saturate int16 pairs, see above)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engines = [e for e in ("x86", "fbgemm", "onednn")
+                   if e in torch.backends.quantized.supported_engines]
+        return all(_torch_linear_conv_u8(e) == (207, 233) for e in engines)
+
+
+def oracle_u8(size, high=256) -> torch.Tensor:
+    """Random uint8 activations torch's x86 / fbgemm / onednn oracle computes exactly here:
+    0..high-1 where it is exact on the full range, 0..127 where it saturates (the range of
+    torch's own reduce_range qconfigs).  Draws from the global RNG (seeded per test)."""
+    return torch.randint(0, high if torch_oracle_exact_u8() else min(high, 128), size,
+                         dtype=torch.uint8)
+
+
+def oracle_input(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
+    """Float activations about to be quantized (quint8, ``scale`` / ``zero_point``) for a
+    torch oracle: as given where torch is exact on the full range, else clamped to what
+    quantizes to at most 127 (module tests import it: ``from conftest import oracle_input``)."""
+    if torch_oracle_exact_u8():
+        return x
+    assert zero_point < 127, "no room below 128 for the activations"
+    return x.clamp(max=(127 - zero_point) * scale)
+
+
+@pytest.fixture(name="torch_oracle_exact_u8")
+def _torch_oracle_exact_u8_fixture() -> bool:
+    return torch_oracle_exact_u8()
+
+
+@pytest.fixture(name="oracle_u8")
+def _oracle_u8_fixture():
+    return oracle_u8
+
+
+@pytest.fixture(name="cpu_has_avx512")
+def _cpu_has_avx512_fixture() -> bool:
+    return cpu_has_avx512()

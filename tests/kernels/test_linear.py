@@ -7,6 +7,12 @@ Tolerances (why they exist):
   for |diff| <= 1 everywhere and exact agreement on >= 99 % of the elements.
 * dynamic (float out): the quantized activations and the int32 accumulators are exact, only the
   float rescale epilogue rounds differently -> relative 1e-5 of the output's magnitude.
+
+On CPUs without VNNI / AMX (AVX2 only) torch's x86 oracle saturates int16 pairs of u8 x s8
+products for activations above 128 and is wrong there (see tests/conftest.py): the static
+oracle comparisons draw their activations with ``oracle_u8`` (0..127 on such CPUs, the full
+range elsewhere), and the full range is checked against the exact integer truth and the
+reference instead (test_no_int16_saturation, test_static_fast_vs_reference_large).
 """
 import copy
 import pickle
@@ -109,11 +115,11 @@ def test_dynamic_known_values(impl, reduce_range, expected):
 @pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 2, 33])
-def test_static_matches_torch(per_channel, x_zp, relu, with_bias, rows):
+def test_static_matches_torch(per_channel, x_zp, relu, with_bias, rows, oracle_u8):
     k, n = 40, 24
     w_int, w_scale, w_zp, axis, torch_w = random_weight(n, k, per_channel)
     bias = torch.randn(n) if with_bias else None
-    x_int = torch.randint(0, 256, (rows, k), dtype=torch.uint8)
+    x_int = oracle_u8((rows, k))  # activations torch's oracle computes exactly on this CPU
     x_scale, out_scale, out_zp = 0.04, 0.5, 90
     module = (nniq.LinearReLU if relu else nnq.Linear)(k, n)
     module.set_weight_bias(torch_w, bias)
@@ -140,6 +146,64 @@ def test_static_fast_vs_reference_large():
     for name, kernel in static_impls().items():
         if name != "reference" and kernel.available():
             assert_within_one_step(kernel.fn(*args), reference)
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_no_int16_saturation(rows):
+    """Activations 200..255 against weights of one sign per output: every pair
+    ``u8*s8 + u8*s8`` leaves int16, which ``vpmaddubsw`` (x86 without VNNI / AMX) saturates.
+    Every kernel, static and dynamic, must still give the exact integer result -- on such CPUs
+    the oneDNN kernels hand these inputs to ``_int_mm`` (the torch oracle is wrong here, so the
+    truth is computed in float64)."""
+    k, n = 64, 8
+    w_int = torch.randint(100, 128, (n, k), dtype=torch.int8)
+    w_int[n // 2:] *= -1
+    packed = pack_linear_weight(w_int, torch.tensor(0.01), torch.tensor(0), None, None)
+    x_int = torch.randint(200, 256, (rows, k), dtype=torch.uint8)
+    y = ((x_int.double() - 3) @ w_int.double().t()) * (0.05 * 0.01)
+    for name, kernel in kernels.implementations("dynamic_linear").items():
+        if kernel.available():
+            got = kernel.fn(x_int, 0.05, 3, packed, False)
+            torch.testing.assert_close(got.double(), y, rtol=1e-6, atol=0, msg=name)
+    expected = torch.clamp(torch.round(y / 8.0) + 128, 0, 255)
+    for name, kernel in static_impls().items():
+        if kernel.available():
+            got = kernel.fn(x_int, 0.05, 3, packed, 8.0, 128, tq.quint8, False)
+            assert_within_one_step(got, expected, min_exact=0.9)
+
+
+def test_saturation_guard_routes_to_int_mm(monkeypatch):
+    """Where oneDNN saturates int16 pairs (forced here; the real state on AVX2-only CPUs) its
+    Linear kernels run inputs above 128 on ``_int_mm`` and keep oneDNN for inputs <= 128; the
+    per-token fast path (u8 rows up to 255) is off."""
+    from torchquant.kernels import linear as klinear
+    if not static_impls()["onednn"].available():
+        pytest.skip("oneDNN not available")
+    monkeypatch.setattr(klinear, "onednn_u8_exact_max", lambda: klinear.ONEDNN_SAFE_U8_MAX)
+    calls = []
+    for op in ("_quantized_linear_int_mm", "_dynamic_linear_int_mm"):
+        real = getattr(klinear, op)
+        monkeypatch.setattr(klinear, op, lambda *a, _real=real, _op=op: calls.append(_op)
+                            or _real(*a))
+    w_int, w_scale, w_zp, axis, _ = random_weight(16, 32, True)
+    packed = pack_linear_weight(w_int, w_scale, w_zp, axis, torch.randn(16))
+    small = torch.randint(0, 129, (4, 32), dtype=torch.uint8)
+    small[0, 0] = 128
+    big = small.clone()
+    big[1, 1] = 129
+    static_args = (0.05, 7, packed, 0.5, 100, tq.quint8, False)
+    onednn_static = static_impls()["onednn"].fn
+    onednn_dynamic = kernels.implementations("dynamic_linear")["onednn"].fn
+    reference = static_impls()["reference"].fn
+    assert_within_one_step(onednn_static(small, *static_args), reference(small, *static_args))
+    onednn_dynamic(small, 0.05, 7, packed, False)
+    assert calls == []  # both on oneDNN
+    assert torch.equal(onednn_static(big, *static_args),
+                       klinear._quantized_linear_int_mm(big, *static_args))
+    assert torch.equal(onednn_dynamic(big, 0.05, 7, packed, False),
+                       klinear._dynamic_linear_int_mm(big, 0.05, 7, packed, False))
+    assert calls == ["_quantized_linear_int_mm"] * 2 + ["_dynamic_linear_int_mm"] * 2
+    assert klinear._per_token_fast(torch.randn(4, 32), packed, False) is None
 
 
 def test_static_batched_input_and_qtensor_scalars():
@@ -315,7 +379,9 @@ def test_per_token_fast_path_matches_reference_and_definition(monkeypatch):
     """On CPU the per-token Linear quantizes the rows in one compiled kernel (hot, large
     shapes) and runs oneDNN's u8 GEMM with zero point 128 for the int8 integers shifted by
     128: the integers equal the definition's; the float rescale rounds in another order than
-    the exact double reference, hence the small tolerance."""
+    the exact double reference, hence the small tolerance.  Where oneDNN saturates int16 pairs
+    (AVX2-only CPUs: the shifted rows reach 255) that path is off and the rows go through
+    ``_int_mm``; the compiled row kernel is then checked on its own."""
     from torchquant.kernels import cpu_compiled, linear as klinear
     monkeypatch.setattr(cpu_compiled, "HOT_CALLS", 1)
     w_int, w_scale, w_zp, axis, _ = random_weight(48, 384, True)
@@ -331,14 +397,23 @@ def test_per_token_fast_path_matches_reference_and_definition(monkeypatch):
     assert torch.equal(compiled_u8.to(torch.int16) - 128, x_q.to(torch.int16))
     expected = (x_q.double() @ w_int.double().t()) * row_scale[:, None].double() \
         * w_scale.double() + bias.double()
+    fast_path = klinear.onednn_u8s8_exact()
+    assert (klinear._per_token_fast(x, packed, False) is None) == (not fast_path)
     for relu in (False, True):
         want = (torch.relu(expected) if relu else expected).float()
         fast = per_token_dynamic_linear(x, packed, relu=relu)
         assert_dynamic_close(fast, want)
         with kernels.reference_only():
             assert_dynamic_close(per_token_dynamic_linear(x, packed, relu=relu), want)
-    # ... and the compiled kernel, which served the calls above, gives the same integers
-    kernel = cpu_compiled._kernels[cpu_compiled._signature("per_token_rows_u8", (x,))]
+    # ... and the compiled kernel, which served the calls above where the fast path runs,
+    # gives the same integers
+    signature = cpu_compiled._signature("per_token_rows_u8", (x,))
+    if fast_path:
+        kernel = cpu_compiled._kernels[signature]
+    else:
+        kernel = cpu_compiled.compiled("per_token_rows_u8", (x,), klinear._per_token_rows_u8)
+        if kernel is None:
+            pytest.skip("no compiled per-token kernel on this machine")
     got_u8, got_scale = kernel([x])
     assert torch.equal(got_u8, compiled_u8) and torch.equal(got_scale, compiled_scale)
     bad = x.clone()

@@ -4,7 +4,10 @@
   ``qconv_prepack``: u8 activations with their zero point, s8 symmetric weights, per-channel
   requantization and ReLU fused.  It accepts NCHW or channels-last input and returns a tensor
   of the logical ``[N, C, *spatial]`` shape in channels-last memory format (what torch's x86
-  quantized conv returns too): feeding it to the next conv skips a layout conversion.
+  quantized conv returns too): feeding it to the next conv skips a layout conversion.  Where
+  oneDNN saturates int16 pairs of products (no VNNI / AMX, see
+  ``linear.onednn_u8_exact_max``) inputs above 128 run on the reference instead, still
+  returned channels-last.
 * ``reference`` -- dequantize, float ``conv``, quantize (the numerics contract); contiguous
   output.  Also the only path for transposed convolution, for asymmetric weights, and where
   oneDNN is missing (non-x86 builds, CUDA).
@@ -24,7 +27,8 @@ from . import mode as kernel_mode
 from .. import affine
 from .. import dtypes as _dt
 from .linear import (Scalar, activation_qdtype, check_bias, check_weight_qparams,
-                     onednn_available, per_channel_view, validated_qparams)
+                     onednn_exact_for, onednn_u8s8_exact, onednn_usable, per_channel_view,
+                     validated_qparams)
 
 __all__ = ["PackedConvWeight", "pack_conv_weight", "quantized_conv", "quantized_conv_transpose"]
 
@@ -147,7 +151,7 @@ def pack_conv_weight(weight: torch.Tensor, scale: torch.Tensor, zero_point: torc
     channel_scale = channel_zp = onednn_weight = None
     if not transposed:
         channel_scale, channel_zp = per_channel_view(scale, zero_point, out_channels, weight.device)
-        if (not bool(channel_zp.any()) and weight.device.type == "cpu" and onednn_available()
+        if (not bool(channel_zp.any()) and weight.device.type == "cpu" and onednn_usable()
                 and weight.numel()):
             onednn_weight = torch.ops.onednn.qconv_prepack(
                 weight, channel_scale, 1.0, 0, list(stride), list(padding), list(dilation),
@@ -285,11 +289,24 @@ def _onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedC
             "relu" if relu and not late_relu else "none", [], "")
     conv = torch.ops.onednn.qconv_pointwise.default
     if late_relu:
-        return lambda x_int: conv(x_int, *args).clamp_min_(zero_point)
-    return lambda x_int: conv(x_int, *args)
+        plan = lambda x_int: conv(x_int, *args).clamp_min_(zero_point)  # noqa: E731
+    else:
+        plan = lambda x_int: conv(x_int, *args)  # noqa: E731
+    if onednn_u8s8_exact():
+        return plan
+
+    # This CPU's oneDNN saturates int16 pairs of u8 x s8 products: inputs above 128 run on the
+    # reference, returned in oneDNN's channels-last layout so the layout does not depend on
+    # the data.
+    def guarded(x_int: torch.Tensor) -> torch.Tensor:
+        if onednn_exact_for(x_int):
+            return plan(x_int)
+        y = _quantized_conv_reference(x_int, x_scale, x_zp, packed, out_scale, out_zp, relu)
+        return y.movedim(1, -1).contiguous().movedim(-1, 1)
+    return guarded
 
 
-@register("quantized_conv", "onednn", devices=("cpu",), available=onednn_available,
+@register("quantized_conv", "onednn", devices=("cpu",), available=onednn_usable,
           applies=lambda x, packed, **_: packed.onednn_weight is not None and x.dtype == torch.uint8)
 def _quantized_conv_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, relu):
     return _onednn_plan(x, x_scale, x_zp, packed, out_scale, out_zp, relu)(x)

@@ -5,7 +5,11 @@ through the registry:
 
 * ``onednn`` -- ``torch.ops.onednn.qlinear_pointwise`` on a oneDNN-blocked weight: u8 x s8 with
   the activation zero point, the requantization (or float output) and ReLU fused.  Fastest
-  once there are a few rows; its fixed per-call cost loses at batch 1.
+  once there are a few rows; its fixed per-call cost loses at batch 1.  On CPUs without an
+  int32-accumulating u8 x s8 instruction (AVX2 / AVX-512 without VNNI or AMX) oneDNN's
+  ``vpmaddubsw`` saturates ``u8*s8 + u8*s8`` to int16 and the GEMM is wrong for activations
+  above 128; there (found once by :func:`onednn_u8_exact_max`) the kernel checks the input's
+  maximum and hands larger inputs to ``int_mm``.
 * ``int_mm`` -- ``torch._int_mm`` (s8 x s8 -> s32) on the plain weight plus one epilogue;
   uint8 activations are shifted to int8 (``x ^ 0x80 == x - 128``) and the shift is folded into
   a per-channel correction.  Wins at one or two rows; also the CUDA path.
@@ -31,7 +35,8 @@ from .. import affine
 from .. import dtypes as _dt
 
 __all__ = ["PackedLinearWeight", "pack_linear_weight", "quantized_linear", "dynamic_linear",
-           "per_token_dynamic_linear", "quantized_linear_float_out", "onednn_available"]
+           "per_token_dynamic_linear", "quantized_linear_float_out", "onednn_available",
+           "onednn_u8_exact_max", "onednn_u8s8_exact", "onednn_exact_for", "onednn_usable"]
 
 Scalar = Union[float, int, torch.Tensor]
 
@@ -51,6 +56,97 @@ def onednn_available() -> bool:
     return (torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.onednn, "qlinear_pointwise")
             and hasattr(torch.ops.onednn, "qconv_pointwise"))
+
+
+# --------------------------------------------------------------------------------------------
+# oneDNN's u8 x s8 exactness on this CPU
+# --------------------------------------------------------------------------------------------
+
+# Without VNNI / AMX, x86 u8 x s8 dot products use ``vpmaddubsw``, which adds the two products
+# ``u8 * s8 + u8 * s8`` with int16 saturation: 255 * 127 * 2 = 64770 does not fit.  With
+# activations <= 128 no pair can leave int16 (2 * 128 * -128 = -32768, 2 * 128 * 127 = 32512),
+# which is why torch's x86 / fbgemm qconfigs quantize activations to 0..127 (reduce_range).
+ONEDNN_SAFE_U8_MAX = 128
+_FULL_U8_MAX = 255
+
+
+def _onednn_linear_exact(x_value: int, w_value: int) -> bool:
+    k, n = 64, 16
+    w = torch.full((n, k), w_value, dtype=torch.int8)
+    ones, zeros = torch.ones(n), torch.zeros(n, dtype=torch.int64)
+    packed = torch.ops.onednn.qlinear_prepack(w, None)
+    for rows in (1, 8):  # oneDNN may pick a GEMV kernel for one row
+        x = torch.full((rows, k), x_value, dtype=torch.uint8)
+        y = torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, ones, zeros, None, 1.0, 0,
+                                               torch.float32, "none", [], "")
+        if not bool((y == float(x_value * w_value * k)).all()):
+            return False
+    return True
+
+
+def _onednn_conv_exact(x_value: int, w_value: int) -> bool:
+    for dims in (1, 2, 3):
+        for c_in, c_out, kernel, groups in ((8, 16, 3, 1), (8, 16, 1, 1), (8, 8, 3, 8)):
+            w = torch.full((c_out, c_in // groups) + (kernel,) * dims, w_value, dtype=torch.int8)
+            ones, zeros = torch.ones(c_out), torch.zeros(c_out, dtype=torch.int64)
+            one, zero = [1] * dims, [0] * dims
+            packed = torch.ops.onednn.qconv_prepack(w, ones, 1.0, 0, one, zero, one, groups, None)
+            x = torch.full((2, c_in) + (4,) * dims, x_value, dtype=torch.uint8)
+            y = torch.ops.onednn.qconv_pointwise(x, 1.0, 0, packed, ones, zeros, None, one, zero,
+                                                 one, groups, 1.0, 0, torch.float32, "none", [],
+                                                 "")
+            exact = x_value * w_value * (c_in // groups) * kernel ** dims
+            if not bool((y == float(exact)).all()):
+                return False
+    return True
+
+
+@functools.cache
+def onednn_u8_exact_max() -> int:
+    """The largest uint8 activation for which oneDNN's u8 x s8 linear and conv are exact here:
+    255 where they accumulate in int32 (VNNI, AMX), :data:`ONEDNN_SAFE_U8_MAX` (128) where
+    pairs of products saturate to int16 (AVX2, AVX-512 without VNNI), -1 where even that
+    fails or oneDNN is missing (then its kernels are never used).
+
+    Measured once, on inputs whose every pair of products sits at the edge (all 255 x 127,
+    then all 128 x -128), for one and several rows and for dense, 1x1 and depthwise 1-3d
+    convs; the answer is exact integers or not, so it does not depend on rounding.
+    """
+    if not onednn_available():
+        return -1
+    try:
+        with torch.no_grad():
+            if _onednn_linear_exact(255, 127) and _onednn_conv_exact(255, 127):
+                return _FULL_U8_MAX
+            if (_onednn_linear_exact(ONEDNN_SAFE_U8_MAX, -128)
+                    and _onednn_conv_exact(ONEDNN_SAFE_U8_MAX, -128)):
+                return ONEDNN_SAFE_U8_MAX
+    except RuntimeError:  # a build whose oneDNN ops exist but cannot run here
+        pass
+    return -1
+
+
+def onednn_u8s8_exact() -> bool:
+    """Whether oneDNN's u8 x s8 kernels are exact for every uint8 activation on this CPU."""
+    return onednn_u8_exact_max() == _FULL_U8_MAX
+
+
+def onednn_exact_for(x: torch.Tensor) -> bool:
+    """Whether oneDNN computes ``x``'s (uint8) GEMM / conv exactly on this CPU: always where it
+    accumulates in int32; elsewhere only when ``x.max() <= 128`` (one reduction per call, on
+    such CPUs only)."""
+    limit = onednn_u8_exact_max()
+    if limit >= _FULL_U8_MAX:
+        return True
+    if limit < 0:
+        return False
+    return x.numel() == 0 or int(x.max()) <= limit
+
+
+def onednn_usable() -> bool:
+    """oneDNN's ops exist and are exact at least on activations <= 128 (the registry's
+    ``available`` for the oneDNN kernels, and whether weights get a oneDNN copy)."""
+    return onednn_u8_exact_max() >= 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,7 +307,7 @@ def pack_linear_weight(weight: torch.Tensor, scale: torch.Tensor, zero_point: to
     channel_scale, channel_zp = per_channel_view(scale, zero_point, n, weight.device)
     symmetric = not bool(channel_zp.any())
     onednn_weight = None
-    if symmetric and weight.device.type == "cpu" and onednn_available() and weight.numel():
+    if symmetric and weight.device.type == "cpu" and onednn_usable() and weight.numel():
         onednn_weight = torch.ops.onednn.qlinear_prepack(weight, None)
     return PackedLinearWeight(weight, scale, zero_point, axis, bias, channel_scale, channel_zp,
                               weight.sum(1, dtype=torch.int32), symmetric, onednn_weight)
@@ -309,8 +405,11 @@ def _quantized_linear_int_mm(x, x_scale, x_zp, packed, out_scale, out_zp, out_qd
 
 @register("quantized_linear", "onednn", devices=("cpu",),
           applies=lambda x, packed, out_qdtype, **_: _onednn_applies(x, packed)
-          and out_qdtype == _dt.quint8, available=onednn_available)
+          and out_qdtype == _dt.quint8, available=onednn_usable)
 def _quantized_linear_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, relu):
+    if not onednn_exact_for(x):  # would saturate on this CPU: the exact int32 GEMM
+        return _quantized_linear_int_mm(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype,
+                                        relu)
     return torch.ops.onednn.qlinear_pointwise(
         x, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
         packed.channel_zero_point, packed.bias, float(out_scale), int(out_zp), None,
@@ -387,8 +486,10 @@ def _dynamic_linear_int_mm(x_q, x_scale, x_zp, packed, relu):
 
 
 @register("dynamic_linear", "onednn", devices=("cpu",),
-          applies=lambda x, packed, **_: _onednn_applies(x, packed), available=onednn_available)
+          applies=lambda x, packed, **_: _onednn_applies(x, packed), available=onednn_usable)
 def _dynamic_linear_onednn(x_q, x_scale, x_zp, packed, relu):
+    if not onednn_exact_for(x_q):  # would saturate on this CPU (reduce_range=False activations)
+        return _dynamic_linear_int_mm(x_q, x_scale, x_zp, packed, relu)
     return torch.ops.onednn.qlinear_pointwise(
         x_q, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
         packed.channel_zero_point, packed.bias, 1.0, 0, torch.float32,
@@ -503,11 +604,16 @@ def _per_token_rows_u8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _per_token_fast(x2d: torch.Tensor, packed: PackedLinearWeight,
                     relu: bool) -> Optional[torch.Tensor]:
-    """The fast per-token Linear where it applies (CPU, oneDNN weight, auto kernel mode);
-    None sends the caller down the general path."""
+    """The fast per-token Linear where it applies (CPU, oneDNN weight, auto kernel mode, oneDNN
+    exact on the whole uint8 range); None sends the caller down the general path.
+
+    The shifted rows span 1..255, so on CPUs where oneDNN saturates int16 pairs
+    (:func:`onednn_u8_exact_max` < 255) this path would be wrong: there the general path runs
+    the int8 rows through ``_int_mm``."""
     from . import mode
     if (mode() == "reference" or torch.compiler.is_compiling() or x2d.device.type != "cpu"
-            or packed.onednn_weight is None or x2d.size(0) < ONEDNN_MIN_ROWS):
+            or packed.onednn_weight is None or x2d.size(0) < ONEDNN_MIN_ROWS
+            or not onednn_u8s8_exact()):
         return None
     from . import cpu_compiled
     x2d = x2d.contiguous()

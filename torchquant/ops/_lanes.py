@@ -8,30 +8,37 @@ come out one step apart, so which path an element takes is part of the result.
 
 Measured on torch 2.13 (x86), this is ATen's TensorIterator loop: it walks the output in memory
 order; where every operand is laid out like the output along the innermost dimensions, each
-row of those dimensions runs in vectors of ``vector bytes / element size`` values (64 quint8
-values with AVX-512) and its remainder in the scalar lambda; operands laid out differently
-take the scalar lambda everywhere.  Loops of at least 32768 elements are first split into
+row of those dimensions runs in steps of two vectors (``cpu_kernel_vec``'s
+``vectorized_loop``: 2 x 32 bytes, 64 quint8 values) and its remainder in the scalar lambda;
+operands laid out differently take the scalar lambda everywhere.  The step is the same on
+AVX2 and AVX-512 CPUs: these kernels are registered with ``REGISTER_DISPATCH``, which gives
+AVX-512 CPUs their AVX2 build (measured on both: an AMD EPYC with AVX2 only and an AVX-512
+Xeon).  Loops of at least 32768 elements are first split into
 equal chunks across ``torch.get_num_threads()`` threads, each chunk with its own remainder.
 """
 from __future__ import annotations
 
 import functools
 import math
+import platform
 from typing import Callable, Optional, Sequence
 
 import torch
 
 __all__ = ["lane_count", "tail_ranges", "suggested_format", "dense_layout", "apply"]
 
+_X86 = ("x86_64", "amd64", "i386", "i686", "x86")
 _GRAIN_SIZE = 32768  # ATen's grain size for splitting a TensorIterator loop across threads
 
 
 @functools.lru_cache(maxsize=None)
 def lane_count(storage_dtype: torch.dtype) -> int:
-    """Values of ``storage_dtype`` in one SIMD vector of the kernels torch dispatched to."""
-    capability = torch.backends.cpu.get_cpu_capability()
-    vector_bytes = 64 if capability.startswith("AVX512") else 32
-    return vector_bytes // torch.empty((), dtype=storage_dtype).element_size()
+    """Values of ``storage_dtype`` in one step of the vectorised loop of torch's quantized
+    elementwise kernels: two 32-byte vectors on x86, whatever the CPU capability (the AVX2
+    kernel also serves AVX-512 CPUs; the non-AVX2 build emulates 32-byte vectors too), two
+    16-byte vectors elsewhere (ARM)."""
+    vector_bytes = 32 if platform.machine().lower() in _X86 else 16
+    return 2 * vector_bytes // torch.empty((), dtype=storage_dtype).element_size()
 
 
 def _chunks(numel: int) -> list[tuple[int, int]]:
