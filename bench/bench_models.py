@@ -55,12 +55,16 @@ def cnn_rows(timing: dict) -> list:
         return lib.convert(model)
 
     ours, theirs = recipe(tq, float_model), recipe(aoq, ao_model)
+    compiled = torch.compile(ours, fullgraph=True)  # the same model through torchquant's ops
     rows = []
     for batch in (1, 8):
         x = torch.randn(batch, 3, 224, 224)
         with torch.no_grad():
-            t = best_times({"ours": lambda: ours(x), "torch.ao": lambda: theirs(x),
-                            "float": lambda: float_model(x)}, **timing)
+            if not torch.equal(compiled(x), ours(x)):
+                raise AssertionError("compiled model differs from eager")
+            t = best_times({"ours": lambda: ours(x), "compiled": lambda: compiled(x),
+                            "torch.ao": lambda: theirs(x), "float": lambda: float_model(x)},
+                           **timing)
         rows.append((f"ResNet-18 batch {batch}", t))
     sizes = {"ours": size_mb(ours), "torch.ao": size_mb(theirs), "float": size_mb(float_model)}
     return rows, sizes
@@ -111,8 +115,11 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"CPU {torch.backends.cpu.get_cpu_capability()}\n")
     rows, sizes = cnn_rows(timing)
-    print("## ResNet-18-shaped CNN (static, fused, x86 qconfig)\n")
-    show(rows, ["ours", "torch.ao", "float"])
+    print("## ResNet-18-shaped CNN (static, fused, x86 qconfig; compiled = torch.compile(ours, "
+          "fullgraph=True))\n")
+    show(rows, ["ours", "compiled", "torch.ao", "float"])
+    for name, t in rows:
+        print(f"{name}: compiled / eager {t['compiled'] / t['ours']:.2f}")
     print(f"\nsize MB: ours {sizes['ours']:.2f}, torch.ao {sizes['torch.ao']:.2f}, float "
           f"{sizes['float']:.2f}; ours/float {sizes['ours'] / sizes['float']:.3f}")
     rows = minilm_rows(timing)
