@@ -1,4 +1,4 @@
-"""The integer fast paths of torchquant/nn/quantized/_pooling.py against torch 2.13.
+"""The integer fast paths of torchquant/ops/pooling.py against torch 2.13.
 
 Channels-last max pooling (separable maxima on the NHWC memory) and global average pooling
 (exact integer sums, table requantization) must give torch's integers bit for bit and keep
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import torchquant as tq
 import torchquant.nn.quantized._qtensor_ops  # noqa: F401  (registers the torch-namespace ops)
 import torchquant.nn.quantized.functional as tqF
-from torchquant.nn.quantized import _pooling
+from torchquant.ops import pooling as _pooling
 
 TORCH_DTYPE = {tq.quint8: torch.quint8, tq.qint8: torch.qint8, tq.qint32: torch.qint32}
 CL = {4: torch.channels_last, 5: torch.channels_last_3d}
@@ -132,12 +132,10 @@ def test_global_mean_table_equals_tensor_requantization():
     """Table and scalar formula equal the per-window tensor requantization of the general
     path at every possible sum; a window too large for a table uses the formula."""
     for qdtype, zero_point in ((tq.quint8, 47), (tq.quint8, 48), (tq.qint8, -3)):
-        q = tq.QTensor.from_int(torch.zeros(1, dtype=qdtype.storage_dtype), 0.05, zero_point,
-                                qdtype)
         for count in (1, 9, 49, 4100):
             sums = torch.arange(count * qdtype.qmin, count * qdtype.qmax + 1)
             n = torch.tensor(count)
-            expected = _pooling._requantize_mean(q, sums.double(), n, n).int_data
+            expected = _pooling._requantize_mean(sums.double(), n, n, zero_point, qdtype)
             assert torch.equal(_pooling._mean_table(count, zero_point, qdtype), expected)
             assert torch.equal(_pooling._mean_formula(sums, count, zero_point, qdtype), expected)
     theirs, ours = make_pair((1, 3, 70, 70), 47, tq.quint8, 1)

@@ -21,8 +21,9 @@ import torch
 
 import torch.nn.functional as F
 
+from ...ops import pooling
 from ...qtensor import _OPS, QTensor, _implements, _implements_function, _refresh_metadata
-from . import _pointwise, _pooling
+from . import _pointwise
 from ._validation import require_per_tensor
 
 aten = torch.ops.aten
@@ -79,11 +80,21 @@ def _threshold(func, q, threshold, value):
                                 float(value))
 
 
+def _max_pool(q: QTensor, ndim: int, kernel_size, stride, padding, dilation, ceil_mode,
+              return_indices: bool):
+    if return_indices:
+        values, indices = pooling.max_pool(q._values(), ndim, kernel_size, stride, padding,
+                                           dilation, ceil_mode, return_indices=True)
+        return q._with(values), indices
+    return q._with(pooling.max_pool(q._values(), ndim, kernel_size, stride, padding, dilation,
+                                    ceil_mode))
+
+
 def _max_pool_with_indices(ndim: int):
     def handler(func, q, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
         require_per_tensor(q, f"max_pool{ndim}d")
-        return _pooling.max_pool(q, ndim, kernel_size, stride, padding, dilation, ceil_mode,
-                                 return_indices=True)
+        return _max_pool(q, ndim, kernel_size, stride, padding, dilation, ceil_mode,
+                         return_indices=True)
     return handler
 
 
@@ -97,8 +108,8 @@ def _max_pool_function(ndim: int):
     def handler(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
                 return_indices=False):
         q = require_per_tensor(input, f"max_pool{ndim}d")
-        return _pooling.max_pool(q, ndim, kernel_size, stride, padding, dilation, ceil_mode,
-                                 return_indices=return_indices)
+        return _max_pool(q, ndim, kernel_size, stride, padding, dilation, ceil_mode,
+                         return_indices)
     return handler
 
 
@@ -106,12 +117,17 @@ _implements_function(F.max_pool2d, torch.max_pool2d)(_max_pool_function(2))
 _implements_function(F.max_pool3d, torch.max_pool3d)(_max_pool_function(3))
 
 
+def _adaptive_avg_pool_q(q: QTensor, ndim: int, output_size) -> QTensor:
+    q = require_per_tensor(q, f"adaptive_avg_pool{ndim}d")
+    return q._with(pooling.adaptive_avg_pool(q._values(), q._scale_zp()[1], q.qdtype, ndim,
+                                             output_size))
+
+
 def _adaptive_avg_pool_function(ndim: int):
     """``F.adaptive_avg_poolNd`` taken whole (it would reach QTensor as ``mean.dim`` plus a
     restride for channels-last input)."""
     def handler(input, output_size):
-        q = require_per_tensor(input, f"adaptive_avg_pool{ndim}d")
-        return _pooling.adaptive_avg_pool(q, ndim, output_size)
+        return _adaptive_avg_pool_q(input, ndim, output_size)
     return handler
 
 
@@ -122,8 +138,10 @@ _implements_function(F.adaptive_avg_pool3d)(_adaptive_avg_pool_function(3))
 def _avg_pool(ndim: int):
     def handler(func, q, kernel_size, stride=(), padding=0, ceil_mode=False,
                 count_include_pad=True, divisor_override=None):
-        return _pooling.avg_pool(require_per_tensor(q, f"avg_pool{ndim}d"), ndim, kernel_size,
-                                 stride, padding, ceil_mode, count_include_pad, divisor_override)
+        q = require_per_tensor(q, f"avg_pool{ndim}d")
+        return q._with(pooling.avg_pool(q._values(), q._scale_zp()[1], q.qdtype, ndim,
+                                        kernel_size, stride, padding, ceil_mode,
+                                        count_include_pad, divisor_override))
     return handler
 
 
@@ -133,8 +151,7 @@ _implements(aten.avg_pool3d.default)(_avg_pool(3))
 
 def _adaptive_avg_pool(ndim: int):
     def handler(func, q, output_size):
-        return _pooling.adaptive_avg_pool(require_per_tensor(q, f"adaptive_avg_pool{ndim}d"),
-                                          ndim, output_size)
+        return _adaptive_avg_pool_q(q, ndim, output_size)
     return handler
 
 
@@ -148,14 +165,31 @@ _implements(aten._adaptive_avg_pool3d.default)(_adaptive_avg_pool(3))
              aten._upsample_nearest_exact3d.default, aten._upsample_nearest_exact3d.vec)
 def _upsample_nearest(func, q, *args, **kwargs):
     require_per_tensor(q, str(func.overloadpacket.__name__))
-    return _pooling.upsample_nearest(q, lambda x: func(x, *args, **kwargs))
+    names = [a.name for a in func._schema.arguments][1:]
+    bound = {**dict(zip(names, args)), **kwargs}
+    ndim = 3 if str(func.overloadpacket.__name__).endswith("3d") else 2
+    if "scale_factors" in names:  # the .vec overloads: an output size or scale factors
+        output_size, factors = bound.get("output_size"), bound.get("scale_factors")
+        if output_size is None:
+            if factors is None:
+                raise RuntimeError(f"{func}: either output_size or scale_factors must be given")
+            output_size = [int(size * factor) for size, factor in zip(q.shape[-ndim:], factors)]
+            scales = tuple(factors)
+        else:
+            scales = None
+    else:
+        output_size = bound["output_size"]
+        scales = tuple(bound.get(name) for name in ("scales_d", "scales_h", "scales_w")[3 - ndim:])
+    exact = func.overloadpacket in (aten._upsample_nearest_exact2d, aten._upsample_nearest_exact3d)
+    return q._with(pooling.upsample_nearest(q._values(), output_size, scales, exact))
 
 
 @_implements(aten.upsample_bilinear2d.default)
 def _upsample_bilinear(func, q, output_size: Sequence[int], align_corners: bool,
                        scales_h: Optional[float] = None, scales_w: Optional[float] = None):
-    return _pooling.upsample_bilinear(require_per_tensor(q, "upsample_bilinear2d"), output_size,
-                                      align_corners, (scales_h, scales_w))
+    q = require_per_tensor(q, "upsample_bilinear2d")
+    return q._with(pooling.upsample_bilinear(q._values(), q._scale_zp()[1], q.qdtype,
+                                             output_size, align_corners, (scales_h, scales_w)))
 
 
 @_implements(aten.upsample_bilinear2d.vec)
@@ -188,7 +222,8 @@ def _mean_dim(func, q, dim=None, keepdim=False, *, dtype=None):
     if (dtype is None and q.axis is None and not q.qdtype.is_sub_byte and q.dim() and dim
             and len(set(dim)) == len(dim) and _is_inner(dim, q.dim())
             and (q.is_contiguous() or _is_spatial_pool(q, dim, keepdim))):
-        return _pooling.mean_inner_dims(q, len(dim), keepdim)
+        return q._with(pooling.mean_inner_dims(q._values(), q._scale_zp()[1], q.qdtype,
+                                               len(dim), keepdim))
     if _float_mean_dim is None:
         raise NotImplementedError(f"torchquant.QTensor does not support {func} here")
     kwargs = {} if dtype is None else {"dtype": dtype}

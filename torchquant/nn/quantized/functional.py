@@ -1,7 +1,8 @@
 """Quantized ops on QTensors: torch's quantized functional API, ported.
 
 Inputs are per-tensor affine QTensors; results are bit-identical to torch 2.13's quantized CPU
-kernels (the numerics live in the private ``_pointwise``, ``_pooling`` and ``_binary`` modules).
+kernels (the numerics live in the private ``_pointwise`` and ``_binary`` modules and in
+:mod:`torchquant.ops.pooling`).
 "Same qparams" ops return the input's scale and zero point.
 """
 from __future__ import annotations
@@ -13,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...ops import pooling
 from ...qtensor import QTensor
-from . import _pointwise, _pooling
+from . import _pointwise
 from ._validation import require_quantized
 
 __all__ = [
@@ -31,8 +33,9 @@ def avg_pool2d(input: Tensor, kernel_size: IntOrTuple, stride: Optional[IntOrTup
                divisor_override: Optional[int] = None) -> QTensor:
     """2-D average pooling (same qparams); the integer average is requantized as torch does."""
     q = require_quantized(input, "avg_pool2d")
-    return _pooling.avg_pool(q, 2, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                             divisor_override)
+    return q._with(pooling.avg_pool(q._values(), q._scale_zp()[1], q.qdtype, 2, kernel_size,
+                                    stride, padding, ceil_mode, count_include_pad,
+                                    divisor_override))
 
 
 def avg_pool3d(input: Tensor, kernel_size: IntOrTuple, stride: Optional[IntOrTuple] = None,
@@ -40,20 +43,23 @@ def avg_pool3d(input: Tensor, kernel_size: IntOrTuple, stride: Optional[IntOrTup
                divisor_override: Optional[int] = None) -> QTensor:
     """3-D average pooling (same qparams)."""
     q = require_quantized(input, "avg_pool3d")
-    return _pooling.avg_pool(q, 3, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                             divisor_override)
+    return q._with(pooling.avg_pool(q._values(), q._scale_zp()[1], q.qdtype, 3, kernel_size,
+                                    stride, padding, ceil_mode, count_include_pad,
+                                    divisor_override))
 
 
 def adaptive_avg_pool2d(input: Tensor, output_size: IntOrTuple) -> QTensor:
     """2-D adaptive average pooling (same qparams)."""
     q = require_quantized(input, "adaptive_avg_pool2d")
-    return _pooling.adaptive_avg_pool(q, 2, output_size)
+    return q._with(pooling.adaptive_avg_pool(q._values(), q._scale_zp()[1], q.qdtype, 2,
+                                             output_size))
 
 
 def adaptive_avg_pool3d(input: Tensor, output_size: IntOrTuple) -> QTensor:
     """3-D adaptive average pooling (same qparams)."""
     q = require_quantized(input, "adaptive_avg_pool3d")
-    return _pooling.adaptive_avg_pool(q, 3, output_size)
+    return q._with(pooling.adaptive_avg_pool(q._values(), q._scale_zp()[1], q.qdtype, 3,
+                                             output_size))
 
 
 def interpolate(input: Tensor, size=None, scale_factor=None, mode: str = "nearest",
@@ -68,15 +74,17 @@ def interpolate(input: Tensor, size=None, scale_factor=None, mode: str = "neares
     # The float op on a meta tensor validates the arguments and gives the output size.
     shape = F.interpolate(torch.empty(q.shape, device="meta"), size, scale_factor, mode,
                           align_corners).shape
-    if mode == "nearest":
-        return _pooling.upsample_nearest(
-            q, lambda x: F.interpolate(x, size, scale_factor, mode, align_corners))
-    if size is None:
-        factors = (scale_factor, scale_factor) if not isinstance(scale_factor, (tuple, list)) \
+    spatial = q.dim() - 2
+    if size is None:  # torch's kernels map indices with the given factors
+        factors = (scale_factor,) * spatial if not isinstance(scale_factor, (tuple, list)) \
             else tuple(scale_factor)
+        factors = tuple(float(f) for f in factors)
     else:
-        factors = (None, None)
-    return _pooling.upsample_bilinear(q, shape[-2:], bool(align_corners), factors)
+        factors = (None,) * spatial
+    if mode == "nearest":
+        return q._with(pooling.upsample_nearest(q._values(), shape[2:], factors))
+    return q._with(pooling.upsample_bilinear(q._values(), q._scale_zp()[1], q.qdtype,
+                                             shape[-2:], bool(align_corners), factors))
 
 
 def max_pool1d(input: Tensor, kernel_size: IntOrTuple, stride: Optional[IntOrTuple] = None,
@@ -86,7 +94,8 @@ def max_pool1d(input: Tensor, kernel_size: IntOrTuple, stride: Optional[IntOrTup
     if return_indices:
         raise NotImplementedError("return_indices is not yet implemented!")
     q = require_quantized(input, "max_pool1d")
-    return _pooling.max_pool(q, 1, kernel_size, stride, padding, dilation, ceil_mode)
+    return q._with(pooling.max_pool(q._values(), 1, kernel_size, stride, padding, dilation,
+                                    ceil_mode))
 
 
 def max_pool2d(input: Tensor, kernel_size: IntOrTuple, stride: Optional[IntOrTuple] = None,
@@ -96,7 +105,8 @@ def max_pool2d(input: Tensor, kernel_size: IntOrTuple, stride: Optional[IntOrTup
     if return_indices:
         raise NotImplementedError("return_indices is not yet implemented!")
     q = require_quantized(input, "max_pool2d")
-    return _pooling.max_pool(q, 2, kernel_size, stride, padding, dilation, ceil_mode)
+    return q._with(pooling.max_pool(q._values(), 2, kernel_size, stride, padding, dilation,
+                                    ceil_mode))
 
 
 def celu(input: Tensor, scale: float, zero_point: int, alpha: float = 1.0) -> QTensor:
