@@ -51,8 +51,15 @@ def _conv_op(x: torch.Tensor, x_scale: float, x_zero_point: int, weight: torch.T
     geometry = (tuple(stride), tuple(padding), tuple(dilation), groups)
     packed = _PACKS.get(weight, weight_scale, weight_zero_point, bias, weight_axis, *geometry,
                         False, (0,) * len(stride))
-    return _k.quantized_conv(x, x_scale, x_zero_point, packed, *geometry, out_scale,
-                             out_zero_point, relu=post_op == "relu")
+    y = _k.quantized_conv(x, x_scale, x_zero_point, packed, *geometry, out_scale,
+                          out_zero_point, relu=post_op == "relu")
+    return y.contiguous(memory_format=_graph_format(y.dim()))
+
+
+def _graph_format(ndim: int) -> torch.memory_format:
+    """The layout of the op's output in a graph: channels-last for 2-d / 3-d convs, as oneDNN
+    writes them (the reference path is converted), so the fake kernel can promise it."""
+    return {4: torch.channels_last, 5: torch.channels_last_3d}.get(ndim, torch.contiguous_format)
 
 
 @_conv_op.register_fake
@@ -61,7 +68,8 @@ def _(x, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, bias, w
     y = _FLOAT_CONV[weight.dim() - 2](torch.empty_like(x, dtype=torch.float32),
                                       torch.empty_like(weight, dtype=torch.float32), None,
                                       stride, padding, dilation, groups)
-    return torch.empty_like(y, dtype=torch.uint8)
+    return torch.empty(y.shape, dtype=torch.uint8, device=x.device).contiguous(
+        memory_format=_graph_format(y.dim()))
 
 
 def conv(x: torch.Tensor, x_scale: float, x_zero_point: int, packed: PackedConvWeight,
