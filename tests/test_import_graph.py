@@ -20,7 +20,8 @@ PACKAGE = Path(torchquant.__file__).parent
 
 LAYERS = ["dtypes", "affine", "kernels", "ops", "qtensor", "nn", "quantization", "app"]
 _LAYER_OF_TOP = {"dtypes": "dtypes", "affine": "affine", "kernels": "kernels", "ops": "ops",
-                 "qtensor": "qtensor", "tensor_functions": "qtensor", "nn": "nn",
+                 "qtensor": "qtensor", "tensor_functions": "qtensor", "_qtensor_ops": "qtensor",
+                 "_qtensor_pointwise": "qtensor", "_validation": "qtensor", "nn": "nn",
                  "quantization": "quantization", "examples": "app", "demo": "app",
                  "__main__": "app", "__init__": "app"}
 

@@ -37,4 +37,4 @@ __all__ = [
     "fake_quantize_per_tensor_affine", "fake_quantize_per_channel_affine",
 ]
 
-from .nn.quantized import _qtensor_ops as _qtensor_ops  # noqa: E402,F401  (QTensor torch.* ops)
+from . import _qtensor_ops as _qtensor_ops  # noqa: E402,F401  (QTensor torch.* ops)

@@ -14,7 +14,6 @@ import torch.ao.nn.quantized.functional as qF
 import torch.nn.functional as F
 
 import torchquant as tq
-import torchquant.nn.quantized._qtensor_ops  # noqa: F401  (registers the torch-namespace ops)
 import torchquant.nn.quantized.functional as tqF
 
 TORCH_DTYPE = {tq.quint8: torch.quint8, tq.qint8: torch.qint8, tq.qint32: torch.qint32}

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 import torchquant as tq
-import torchquant.nn.quantized._qtensor_ops  # noqa: F401  (registers the torch-namespace ops)
 import torchquant.nn.quantized.functional as tqF
 from torchquant.ops import pooling as _pooling
 

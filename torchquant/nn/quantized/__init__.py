@@ -1,5 +1,4 @@
 """``torchquant.nn.quantized``: static quantized modules on QTensors (as ``torch.ao.nn.quantized``)."""
-from . import _qtensor_ops  # noqa: F401  (QTensor support for torch.* / F.* calls)
 from . import functional
 from .modules import *  # noqa: F401,F403
 from .modules import __all__ as _modules_all

@@ -22,7 +22,7 @@ import torch
 from ... import affine
 from ...qtensor import QTensor
 from ...ops import binary as _ops_binary
-from ._validation import require_quantized
+from ..._validation import require_quantized
 
 __all__ = ["add", "mul", "add_scalar", "mul_scalar", "cat", "matmul", "prelu"]
 

@@ -12,7 +12,7 @@ from ... import affine
 from ... import dtypes as _dt
 from ...ops import conv as ops_conv
 from ...qtensor import QTensor
-from ._validation import require_quantized
+from ..._validation import require_quantized
 
 __all__ = ["conv1d", "conv2d", "conv3d"]
 

@@ -8,7 +8,7 @@ import torch
 
 from ...ops import linear as ops_linear
 from ...qtensor import QTensor
-from ._validation import require_quantized
+from ..._validation import require_quantized
 
 __all__ = ["linear"]
 

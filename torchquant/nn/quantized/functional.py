@@ -16,8 +16,8 @@ from torch import Tensor
 
 from ...ops import pooling
 from ...qtensor import QTensor
-from . import _pointwise
-from ._validation import require_quantized
+from ... import _qtensor_pointwise as _pointwise
+from ..._validation import require_quantized
 
 __all__ = [
     "avg_pool2d", "avg_pool3d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "interpolate",

@@ -18,9 +18,10 @@ import torch.nn.functional as F
 from .... import dtypes as _dt
 from ....qtensor import QTensor
 from ....tensor_functions import quantize_per_tensor
-from .. import _binary, _normalization, _pointwise
+from .... import _qtensor_pointwise as _pointwise
+from .. import _binary, _normalization
 from .. import functional as qF
-from .._validation import require_quantized
+from ...._validation import require_quantized
 from .utils import OutputQParams
 
 __all__ = ["ReLU6", "Hardswish", "ELU", "LeakyReLU", "Sigmoid", "Softmax", "PReLU"]

@@ -11,7 +11,7 @@ import torch
 
 from ....qtensor import QTensor
 from .. import _normalization
-from .._validation import require_quantized
+from ...._validation import require_quantized
 from .utils import OutputQParams
 
 __all__ = ["BatchNorm2d", "BatchNorm3d"]

@@ -22,7 +22,7 @@ from ....ops import conv as ops_conv
 from ....qtensor import QTensor
 from ....tensor_functions import quantize_per_channel, quantize_per_tensor
 from ...intrinsic.modules import fused as _fused
-from .._validation import require_quantized
+from ...._validation import require_quantized
 from .utils import OutputQParams, quantize_weight
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",

@@ -15,7 +15,7 @@ import torch
 from .... import dtypes as _dt
 from ....ops import linear as ops_linear
 from ....qtensor import QTensor
-from .._validation import require_quantized
+from ...._validation import require_quantized
 from .utils import OutputQParams, observed_output_qparams, quantize_weight, weight_observer_of
 
 __all__ = ["LinearPackedParams", "Linear"]

@@ -13,7 +13,7 @@ import torch
 
 from ....qtensor import QTensor
 from .. import _normalization
-from .._validation import require_quantized
+from ...._validation import require_quantized
 from .utils import OutputQParams
 
 __all__ = ["LayerNorm", "GroupNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"]

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from torch import Tensor, nn
 
 from ...quantizable.modules import rnn as _qa_rnn
-from .._validation import require_quantized
+from ...._validation import require_quantized
 from .functional_modules import FloatFunctional, QFunctional
 from .linear import Linear
 

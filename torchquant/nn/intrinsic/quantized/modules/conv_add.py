@@ -15,7 +15,7 @@ from ..... import dtypes as _dt
 from .....qtensor import QTensor
 from ...modules import fused as nni
 from ....quantized._conv_functional import _conv_float_out
-from ....quantized._validation import require_quantized
+from ....._validation import require_quantized
 from ....quantized.modules.conv import Conv2d
 
 __all__ = ["ConvAdd2d", "ConvAddReLU2d"]

@@ -15,10 +15,10 @@ from typing import Callable, Optional
 
 import torch
 
-from ... import affine
-from ... import dtypes as _dt
-from ...qtensor import QTensor
-from ...ops import _lanes
+from . import affine
+from . import dtypes as _dt
+from .qtensor import QTensor
+from .ops import _lanes
 
 __all__ = ["store_inplace", "map_dequantized", "clamp", "sigmoid", "tanh", "hardsigmoid",
            "hardswish", "elu", "celu", "leaky_relu", "threshold", "fixed_qparams"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...qtensor import QTensor
+from .qtensor import QTensor
 
 __all__ = ["require_quantized", "require_per_tensor"]
 

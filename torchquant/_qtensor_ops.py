@@ -21,9 +21,9 @@ import torch
 
 import torch.nn.functional as F
 
-from ...ops import pooling
-from ...qtensor import _OPS, QTensor, _implements, _implements_function, _refresh_metadata
-from . import _pointwise
+from .ops import pooling
+from .qtensor import _OPS, QTensor, _implements, _implements_function, _refresh_metadata
+from . import _qtensor_pointwise as _pointwise
 from ._validation import require_per_tensor
 
 aten = torch.ops.aten
