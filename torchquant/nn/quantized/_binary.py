@@ -1,13 +1,8 @@
 """Quantized add / mul / cat / matmul / prelu with the numerics of torch's ``quantized::`` ops.
 
-* ``add`` (and ``add_relu``) dequantizes both operands, adds in float and requantizes, with the
-  two rounding paths of :mod:`torchquant.ops._lanes`.
-* ``mul`` multiplies the zero-point-shifted integers exactly and requantizes the product with
-  the float32 multiplier ``in_scale_a * in_scale_b * (1 / out_scale)``.
-* ``add_scalar`` / ``mul_scalar`` choose the output qparams so that the integers barely
-  change (a zero-point shift, a scale change, a flip for negative factors).
-* ``cat`` requantizes to the output qparams: dequantize then ``quantize_per_tensor``, except on
-  torch's channels-last fast path (4-D, dim 1), which vectorises over 8 channels at a time.
+* ``add`` / ``mul`` (+ReLU), ``add_scalar`` / ``mul_scalar`` and ``cat`` are QTensor wrappers:
+  they validate the inputs, call :mod:`torchquant.ops.binary` on the integers and qparams
+  (numerics described there) and wrap the result.
 * ``matmul`` is dequantize, float matmul, quantize.
 * ``prelu`` works on integers: ``(q - zp)`` times the weight's integer above its zero point for
   negative inputs, times the weight grid's integer for 1.0 for positive ones (so positive
@@ -25,8 +20,6 @@ from ...ops import binary as _ops_binary
 from ..._validation import require_quantized
 
 __all__ = ["add", "mul", "add_scalar", "mul_scalar", "cat", "matmul", "prelu"]
-
-_CAT_NHWC_LANES = 8  # channels per vector in torch's channels-last cat kernel (measured)
 
 
 def _same_dtype(a: QTensor, b: QTensor, op: str) -> None:
@@ -56,43 +49,24 @@ def add(a: QTensor, b: QTensor, scale: float, zero_point: int, relu: bool = Fals
 def mul(a: QTensor, b: QTensor, scale: float, zero_point: int, relu: bool = False) -> QTensor:
     """``quantize(a * b)`` with output qparams (scale, zero_point); ``relu`` clamps at 0."""
     _same_dtype(a, b, "mul_relu" if relu else "mul")
+    a_s, a_z = a._scale_zp()
+    b_s, b_z = b._scale_zp()
     qd = a.qdtype
-    device = a.device
-    multiplier = (_f32(float(a.scale), device) * _f32(float(b.scale), device)
-                  * affine.inv_scale_f32(torch.tensor(scale, device=device)))
-    wide = torch.int64 if qd.bits > 16 else torch.int32  # 8-bit products fit in int32
-    product = ((a._values().to(wide) - int(a.zero_point))
-               * (b._values().to(wide) - int(b.zero_point)))
-    qmin = zero_point if relu else qd.qmin
-    out = affine.quantize_with_multiplier(product, multiplier, zero_point, qmin, qd.qmax,
-                                          qd.storage_dtype, affine.ROUND_ADD)
-    return QTensor.from_int(out, scale, zero_point, qd)
+    out = _ops_binary.mul(a._values(), a_s, a_z, b._values(), b_s, b_z, float(scale),
+                          int(zero_point), qd, relu)
+    return QTensor.from_int_per_tensor(out, scale, zero_point, qd)
 
 
 def add_scalar(q: QTensor, other: float, relu: bool = False) -> QTensor:
-    """``q + other`` by moving the zero point by ``round(other / scale)`` steps.
-
-    Where the shifted zero point would leave the integer range, the output zero point is
-    pinned at that end and the scale widened just enough to keep every value representable
-    (the integers are then requantized)."""
+    """``q + other`` by moving the zero point by ``round(other / scale)`` steps (see
+    :func:`torchquant.ops.binary.add_scalar_qparams`)."""
     require_quantized(q, "add_scalar")
     qd = q.qdtype
-    scale, zero_point = float(q.scale), int(q.zero_point)
-    steps = round(float(other) / scale)
-    shifted = zero_point - steps
-    if qd.qmin <= shifted <= qd.qmax:
-        out_scale, out_zp = scale, shifted
-    elif shifted < qd.qmin:
-        out_scale, out_zp = (qd.qmax - shifted) / (qd.qmax - qd.qmin) * scale, qd.qmin
-    else:
-        out_scale, out_zp = (shifted - qd.qmin) / (qd.qmax - qd.qmin) * scale, qd.qmax
-    device = q.device
-    multiplier = _f32(scale, device) * affine.inv_scale_f32(torch.tensor(out_scale, device=device))
-    moved = q._values().to(torch.int64) - zero_point + steps
-    out = affine.quantize_with_multiplier(moved, multiplier, out_zp,
-                                          out_zp if relu else qd.qmin, qd.qmax, qd.storage_dtype,
-                                          affine.ROUND_ADD)
-    return QTensor.from_int(out, out_scale, out_zp, qd)
+    scale, zero_point = q._scale_zp()
+    out_scale, out_zp = _ops_binary.add_scalar_qparams(scale, zero_point, other, qd)
+    out = _ops_binary.add_scalar(q._values(), scale, zero_point, other, out_scale, out_zp, qd,
+                                 relu)
+    return QTensor.from_int_per_tensor(out, out_scale, out_zp, qd)
 
 
 def mul_scalar(q: QTensor, other: float) -> QTensor:
@@ -100,48 +74,10 @@ def mul_scalar(q: QTensor, other: float) -> QTensor:
     integers within the range, zero gives zeros with scale 1 and zero point 0."""
     require_quantized(q, "mul_scalar")
     qd = q.qdtype
-    factor = float(other)
-    values = q._values()
-    if factor == 0:
-        return QTensor.from_int(torch.zeros_like(values), 1.0, 0, qd)
-    out_scale = float(q.scale) * abs(factor)
-    if factor > 0:
-        return QTensor.from_int(values.clone(), out_scale, int(q.zero_point), qd)
-    mirrored = (qd.qmax + qd.qmin) - values.to(torch.int64)
-    return QTensor.from_int(mirrored.to(qd.storage_dtype), out_scale,
-                            qd.qmax + qd.qmin - int(q.zero_point), qd)
-
-
-def _requantize_float(q: QTensor, scale: float, zero_point: int) -> torch.Tensor:
-    qd = q.qdtype
-    out_scale = torch.tensor(scale, dtype=torch.float64, device=q.device)
-    out_zp = torch.tensor(zero_point, dtype=torch.int64, device=q.device)
-    return affine.quantize_int(q.dequantize(), out_scale, out_zp, qd.qmin, qd.qmax,
-                               qd.storage_dtype, mode=affine.quantize_mode(qd, False))
-
-
-def _is_cat_nhwc_fast_path(tensors: Sequence[QTensor], dim: int) -> bool:
-    return dim == 1 and all(t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
-                            for t in tensors)
-
-
-def _cat_nhwc_part(q: QTensor, scale: float, zero_point: int) -> torch.Tensor:
-    """One input of the channels-last cat kernel: vectors of 8 channels, scalar remainder."""
-    qd = q.qdtype
-    values = q._values()
-    if float(q.scale) == scale and int(q.zero_point) == zero_point:
-        return values
-    inv_out = affine.inv_scale_f32(torch.tensor(scale, device=q.device))
-    vector = affine.quantize_with_multiplier(
-        affine.dequantize_int_premul(values, float(q.scale), int(q.zero_point)), inv_out,
-        zero_point, qd.qmin, qd.qmax, qd.storage_dtype, affine.ROUND_ADD)
-    split = q.shape[1] // _CAT_NHWC_LANES * _CAT_NHWC_LANES
-    if split < q.shape[1]:
-        rest = values[:, split:]
-        vector[:, split:] = affine.quantize_with_multiplier(
-            affine.dequantize_int(rest, q.scale, q.zero_point), inv_out, zero_point, qd.qmin,
-            qd.qmax, qd.storage_dtype, affine.MUL_ADD)
-    return vector
+    scale, zero_point = q._scale_zp()
+    out_scale, out_zp = _ops_binary.mul_scalar_qparams(scale, zero_point, other, qd)
+    out = _ops_binary.mul_scalar(q._values(), other, qd)
+    return QTensor.from_int_per_tensor(out, out_scale, out_zp, qd)
 
 
 def cat(tensors: Sequence[QTensor], dim: int, scale: float, zero_point: int) -> QTensor:
@@ -154,12 +90,11 @@ def cat(tensors: Sequence[QTensor], dim: int, scale: float, zero_point: int) -> 
         if t.qdtype is not tensors[0].qdtype:
             raise RuntimeError(f"quantized.cat: all inputs must have one quantized dtype, got "
                                f"{tensors[0].qdtype!r} and {t.qdtype!r}")
-    if _is_cat_nhwc_fast_path(tensors, dim):
-        parts = [_cat_nhwc_part(t, scale, zero_point) for t in tensors]
-        out = torch.cat(parts, 1).contiguous(memory_format=torch.channels_last)
-    else:
-        out = torch.cat([_requantize_float(t, scale, zero_point) for t in tensors], dim)
-    return QTensor.from_int(out, scale, zero_point, tensors[0].qdtype)
+    qparams = [t._scale_zp() for t in tensors]
+    qd = tensors[0].qdtype
+    out = _ops_binary.cat([t._values() for t in tensors], [s for s, _ in qparams],
+                          [z for _, z in qparams], dim, float(scale), int(zero_point), qd)
+    return QTensor.from_int_per_tensor(out, scale, zero_point, qd)
 
 
 def matmul(a: QTensor, b: QTensor, scale: float, zero_point: int) -> QTensor:
