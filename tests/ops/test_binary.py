@@ -1,6 +1,6 @@
-"""The binary ``torch.ops.torchquant`` ops (mul, cat, add_scalar, mul_scalar): schema and fake
-kernels (``opcheck``), the op equal to the eager function beside it, and an eager-converted
-model with ``FloatFunctional.cat`` / ``.mul`` under ``torch.export``."""
+"""The binary ``torch.ops.torchquant`` ops (mul, cat, add_scalar, mul_scalar, matmul, prelu):
+schema and fake kernels (``opcheck``), the op equal to the eager function beside it, and an
+eager-converted model with ``FloatFunctional.cat`` / ``.mul`` under ``torch.export``."""
 import pytest
 import torch
 import torch.nn as nn
@@ -100,6 +100,34 @@ def test_mul_scalar_op(qdtype, other, layout):
     _opcheck(torch.ops.torchquant.mul_scalar.default, args)
     eager = ops_binary.mul_scalar(x, other, qdtype)
     got = torch.ops.torchquant.mul_scalar(*args)
+    assert torch.equal(got, eager) and got.stride() == eager.stride()
+
+
+@pytest.mark.parametrize("qdtype", [tq.quint8, tq.qint8])
+@pytest.mark.parametrize("shapes", [((3, 4), (4, 5)), ((2, 3, 4), (2, 4, 6)), ((2, 3, 4), (4,))])
+def test_matmul_op(qdtype, shapes):
+    torch.manual_seed(0)
+    a, b = _ints(shapes[0], qdtype), _ints(shapes[1], qdtype)
+    args = (a, 0.05, 3, b, 0.02, -4, 0.5, 7, qdtype.name)
+    _opcheck(torch.ops.torchquant.matmul.default, args)
+    eager = ops_binary.matmul(a, 0.05, 3, b, 0.02, -4, 0.5, 7, qdtype)
+    got = torch.ops.torchquant.matmul(*args)
+    assert torch.equal(got, eager) and got.stride() == eager.stride()
+
+
+@pytest.mark.parametrize("shape,num_weights", [((2, 5, 4, 3), 5), ((2, 5, 4, 3), 1), ((7,), 1),
+                                               ((3, 6), 6)])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_prelu_op(shape, num_weights, layout):
+    if layout == "channels_last" and len(shape) != 4:
+        pytest.skip("4-D only")
+    torch.manual_seed(0)
+    x = _ints(shape, tq.quint8, layout)
+    w = _ints((num_weights,), tq.quint8)
+    args = (x, 0.05, 120, w, 0.01, 100, 0.04, 110, "quint8")
+    _opcheck(torch.ops.torchquant.prelu.default, args)
+    eager = ops_binary.prelu(x, 0.05, 120, w, 0.01, 100, 0.04, 110, tq.quint8)
+    got = torch.ops.torchquant.prelu(*args)
     assert torch.equal(got, eager) and got.stride() == eager.stride()
 
 

@@ -11,6 +11,8 @@
   arithmetic only): a zero-point shift, a scale change, a flip for negative factors.
 * ``cat`` requantizes every input to the output qparams: dequantize then quantize, except on
   torch's channels-last fast path (4-D, dim 1), which vectorises over 8 channels at a time.
+* ``matmul`` is dequantize, float matmul, quantize.
+* ``prelu`` works on integers (see :func:`prelu`), requantized like ``mul``.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from ._library import traced
 from . import _lanes
 
 __all__ = ["add", "mul", "add_scalar", "add_scalar_qparams", "mul_scalar",
-           "mul_scalar_qparams", "cat"]
+           "mul_scalar_qparams", "cat", "matmul", "prelu"]
 
 
 def _f32(value: float, device: torch.device) -> torch.Tensor:
@@ -349,3 +351,97 @@ def mul_scalar(x: torch.Tensor, other: float, qdtype: _dt.QDType) -> torch.Tenso
     if traced(x):
         return torch.ops.torchquant.mul_scalar(x, float(other), qdtype.name)
     return _mul_scalar(x, other, qdtype)
+
+
+# ---- matmul ----------------------------------------------------------------------------------
+
+def _matmul(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: float,
+            b_zp: int, out_scale: float, out_zp: int, qd: _dt.QDType) -> torch.Tensor:
+    product = torch.matmul(
+        affine.dequantize_int(a, torch.tensor(a_scale, dtype=torch.float64),
+                              torch.tensor(a_zp, dtype=torch.int64)),
+        affine.dequantize_int(b, torch.tensor(b_scale, dtype=torch.float64),
+                              torch.tensor(b_zp, dtype=torch.int64)))
+    return affine.quantize_int(product, torch.tensor(out_scale, dtype=torch.float64,
+                                                     device=a.device),
+                               torch.tensor(out_zp, device=a.device), qd.qmin, qd.qmax,
+                               qd.storage_dtype, mode=affine.quantize_mode(qd, False))
+
+
+@torch.library.custom_op("torchquant::matmul", mutates_args=())
+def _matmul_op(a: torch.Tensor, a_scale: float, a_zero_point: int, b: torch.Tensor,
+               b_scale: float, b_zero_point: int, out_scale: float, out_zero_point: int,
+               qdtype: str) -> torch.Tensor:
+    return _matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, out_scale,
+                   out_zero_point, _dt.qdtype_of(qdtype))
+
+
+@_matmul_op.register_fake
+def _(a, a_scale, a_zero_point, b, b_scale, b_zero_point, out_scale, out_zero_point, qdtype):
+    product = torch.matmul(torch.empty_like(a, dtype=torch.float32),
+                           torch.empty_like(b, dtype=torch.float32))
+    return torch.empty_like(product, dtype=_dt.qdtype_of(qdtype).storage_dtype)
+
+
+def matmul(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: float,
+           b_zp: int, out_scale: float, out_zp: int, qdtype: _dt.QDType) -> torch.Tensor:
+    """The integers of ``quantize(a_hat @ b_hat)`` (dequantize, float matmul, quantize)."""
+    if traced(a, b):
+        return torch.ops.torchquant.matmul(a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp,
+                                           qdtype.name)
+    return _matmul(a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp, qdtype)
+
+
+# ---- prelu -----------------------------------------------------------------------------------
+
+def _prelu_weight_shape(x: torch.Tensor, weight: torch.Tensor) -> list:
+    shape = [1] * x.dim()
+    if x.dim() > 1:
+        shape[1] = weight.numel()
+    return shape
+
+
+def _prelu(x: torch.Tensor, x_scale: float, x_zp: int, weight: torch.Tensor, w_scale: float,
+           w_zp: int, out_scale: float, out_zp: int, qd: _dt.QDType) -> torch.Tensor:
+    if x.dim() == 0:
+        raise RuntimeError("qprelu: zero-dim input tensor is not allowed.")
+    w_values = weight.reshape(_prelu_weight_shape(x, weight)).to(torch.int64) - w_zp
+    one = affine.quantize_scalar(1.0, w_scale, w_zp, qd.qmin, qd.qmax, affine.MUL_ADD) - w_zp
+    values = x.to(torch.int64)
+    acc = (torch.clamp(values, min=x_zp) - x_zp) * one + (torch.clamp(values, max=x_zp) - x_zp) \
+        * w_values
+    device = x.device
+    multiplier = (_f32(x_scale, device) * _f32(w_scale, device)
+                  * affine.inv_scale_f32(torch.tensor(out_scale, device=device)))
+    return affine.quantize_with_multiplier(acc, multiplier, out_zp, qd.qmin, qd.qmax,
+                                           qd.storage_dtype, affine.ROUND_ADD)
+
+
+@torch.library.custom_op("torchquant::prelu", mutates_args=())
+def _prelu_op(x: torch.Tensor, x_scale: float, x_zero_point: int, weight: torch.Tensor,
+              weight_scale: float, weight_zero_point: int, out_scale: float, out_zero_point: int,
+              qdtype: str) -> torch.Tensor:
+    return _prelu(x, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, out_scale,
+                  out_zero_point, _dt.qdtype_of(qdtype))
+
+
+@_prelu_op.register_fake
+def _(x, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, out_scale,
+      out_zero_point, qdtype):
+    if x.dim() == 0:
+        raise RuntimeError("qprelu: zero-dim input tensor is not allowed.")
+    acc = x.to(torch.int64) * weight.reshape(_prelu_weight_shape(x, weight)).to(torch.int64)
+    return torch.empty_like(acc, dtype=_dt.qdtype_of(qdtype).storage_dtype)
+
+
+def prelu(x: torch.Tensor, x_scale: float, x_zp: int, weight: torch.Tensor, w_scale: float,
+          w_zp: int, out_scale: float, out_zp: int, qdtype: _dt.QDType) -> torch.Tensor:
+    """The integers of ``max(x, 0) + w * min(x, 0)`` with the per-tensor quantized weight
+    along dim 1 (or one shared weight), computed on integers: ``(q - zp)`` times the weight's
+    integer above its zero point for negative inputs, times the weight grid's integer for 1.0
+    for positive ones (so positive inputs shrink when 1.0 clamps on that grid, as in torch),
+    requantized like :func:`mul`."""
+    if traced(x, weight):
+        return torch.ops.torchquant.prelu(x, x_scale, x_zp, weight, w_scale, w_zp, out_scale,
+                                          out_zp, qdtype.name)
+    return _prelu(x, x_scale, x_zp, weight, w_scale, w_zp, out_scale, out_zp, qdtype)
