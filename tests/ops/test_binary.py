@@ -172,3 +172,10 @@ def test_export_float_functional_cat_and_mul(cat_mul, context):
         assert torch.equal(ep.module()(x), cat_mul(x))
         x2 = torch.randn(2, 3, 8, 8) * 3  # saturates
         assert torch.equal(ep.module()(x2), cat_mul(x2))
+
+
+def test_compile_fullgraph_float_functional_cat_and_mul(cat_mul):
+    x = torch.randn(2, 3, 8, 8)
+    compiled = torch.compile(cat_mul, fullgraph=True)
+    with torch.no_grad():
+        assert torch.equal(compiled(x), cat_mul(x))

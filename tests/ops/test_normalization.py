@@ -151,3 +151,10 @@ def test_export_norms(norms, context):
         assert torch.equal(ep.module()(x), norms(x))
         x2 = torch.randn(2, 3, 6, 6) * 3
         assert torch.equal(ep.module()(x2), norms(x2))
+
+
+def test_compile_fullgraph_norms(norms):
+    x = torch.randn(2, 3, 6, 6)
+    compiled = torch.compile(norms, fullgraph=True)
+    with torch.no_grad():
+        assert torch.equal(compiled(x), norms(x))
