@@ -1,13 +1,22 @@
-"""Quantized add (+ReLU) on plain per-tensor quantized integers, with torch's numerics.
+"""Quantized binary ops on plain per-tensor quantized integers, with torch's numerics.
 
-Both operands are dequantized, added in float and requantized; torch's vectorised loop and its
-scalar tail round differently, and :mod:`._lanes` reproduces which elements take which path.
-A repeated call (a residual add in a model: same qparams, shapes and layout) is bound once to
-one compiled-kernel call.
+* ``add`` (+ReLU): both operands are dequantized, added in float and requantized; torch's
+  vectorised loop and its scalar tail round differently, and :mod:`._lanes` reproduces which
+  elements take which path.  A repeated call (a residual add in a model: same qparams, shapes
+  and layout) is bound once to one compiled-kernel call.
+* ``mul`` (+ReLU) multiplies the zero-point-shifted integers exactly and requantizes the
+  product with the float32 multiplier ``a_scale * b_scale * (1 / out_scale)``.
+* ``add_scalar`` / ``mul_scalar`` keep the integers (nearly) unchanged under output qparams
+  chosen from the input's (:func:`add_scalar_qparams`, :func:`mul_scalar_qparams`: scalar
+  arithmetic only): a zero-point shift, a scale change, a flip for negative factors.
+* ``cat`` requantizes every input to the output qparams: dequantize then quantize, except on
+  torch's channels-last fast path (4-D, dim 1), which vectorises over 8 channels at a time.
+* ``matmul`` is dequantize, float matmul, quantize.
+* ``prelu`` works on integers (see :func:`prelu`), requantized like ``mul``.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -17,7 +26,8 @@ from .. import dtypes as _dt
 from ._library import traced
 from . import _lanes
 
-__all__ = ["add"]
+__all__ = ["add", "mul", "add_scalar", "add_scalar_qparams", "mul_scalar",
+           "mul_scalar_qparams", "cat", "matmul", "prelu"]
 
 
 def _f32(value: float, device: torch.device) -> torch.Tensor:
@@ -134,3 +144,304 @@ def add(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: fl
         return torch.ops.torchquant.add(a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp,
                                         qdtype.name, "relu" if relu else "none")
     return _add(a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp, qdtype, relu)
+
+
+# ---- mul -------------------------------------------------------------------------------------
+
+def _mul(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: float, b_zp: int,
+         out_scale: float, out_zp: int, qd: _dt.QDType, relu: bool) -> torch.Tensor:
+    device = a.device
+    multiplier = (_f32(a_scale, device) * _f32(b_scale, device)
+                  * affine.inv_scale_f32(torch.tensor(out_scale, device=device)))
+    wide = torch.int64 if qd.bits > 16 else torch.int32  # 8-bit products fit in int32
+    product = (a.to(wide) - a_zp) * (b.to(wide) - b_zp)
+    return affine.quantize_with_multiplier(product, multiplier, out_zp,
+                                           out_zp if relu else qd.qmin, qd.qmax,
+                                           qd.storage_dtype, affine.ROUND_ADD)
+
+
+@torch.library.custom_op("torchquant::mul", mutates_args=())
+def _mul_op(a: torch.Tensor, a_scale: float, a_zero_point: int, b: torch.Tensor, b_scale: float,
+            b_zero_point: int, out_scale: float, out_zero_point: int, qdtype: str,
+            post_op: str) -> torch.Tensor:
+    return _mul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, out_scale, out_zero_point,
+                _dt.qdtype_of(qdtype), post_op == "relu")
+
+
+@_mul_op.register_fake
+def _(a, a_scale, a_zero_point, b, b_scale, b_zero_point, out_scale, out_zero_point, qdtype,
+      post_op):
+    return torch.empty_like(a + b, dtype=_dt.qdtype_of(qdtype).storage_dtype)
+
+
+def mul(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: float, b_zp: int,
+        out_scale: float, out_zp: int, qdtype: _dt.QDType, relu: bool = False) -> torch.Tensor:
+    """The integers of ``quantize(a_hat * b_hat)`` (broadcasting as torch) for two per-tensor
+    quantized operands of ``qdtype`` (the output's too); ``relu`` clamps at the output zero
+    point."""
+    if traced(a, b):
+        return torch.ops.torchquant.mul(a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp,
+                                        qdtype.name, "relu" if relu else "none")
+    return _mul(a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp, qdtype, relu)
+
+
+# ---- cat -------------------------------------------------------------------------------------
+
+_CAT_NHWC_LANES = 8  # channels per vector in torch's channels-last cat kernel (measured)
+
+
+def _is_cat_nhwc_fast_path(tensors: Sequence[torch.Tensor], dim: int) -> bool:
+    return dim == 1 and all(t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
+                            for t in tensors)
+
+
+def _requantize_float(x: torch.Tensor, scale: float, zp: int, out_scale: float, out_zp: int,
+                      qd: _dt.QDType) -> torch.Tensor:
+    device = x.device
+    x_hat = affine.dequantize_int(x, torch.tensor(scale, dtype=torch.float64),
+                                  torch.tensor(zp, dtype=torch.int64))
+    return affine.quantize_int(x_hat, torch.tensor(out_scale, dtype=torch.float64, device=device),
+                               torch.tensor(out_zp, dtype=torch.int64, device=device), qd.qmin,
+                               qd.qmax, qd.storage_dtype, mode=affine.quantize_mode(qd, False))
+
+
+def _cat_nhwc_part(x: torch.Tensor, scale: float, zp: int, out_scale: float, out_zp: int,
+                   qd: _dt.QDType) -> torch.Tensor:
+    """One input of the channels-last cat kernel: vectors of 8 channels, scalar remainder."""
+    if scale == out_scale and zp == out_zp:
+        return x
+    inv_out = affine.inv_scale_f32(torch.tensor(out_scale, device=x.device))
+    vector = affine.quantize_with_multiplier(affine.dequantize_int_premul(x, scale, zp), inv_out,
+                                             out_zp, qd.qmin, qd.qmax, qd.storage_dtype,
+                                             affine.ROUND_ADD)
+    split = x.shape[1] // _CAT_NHWC_LANES * _CAT_NHWC_LANES
+    if split < x.shape[1]:
+        rest = x[:, split:]
+        vector[:, split:] = affine.quantize_with_multiplier(
+            affine.dequantize_int(rest, torch.tensor(scale, dtype=torch.float64),
+                                  torch.tensor(zp, dtype=torch.int64)),
+            inv_out, out_zp, qd.qmin, qd.qmax, qd.storage_dtype, affine.MUL_ADD)
+    return vector
+
+
+def _cat(tensors: Sequence[torch.Tensor], scales: Sequence[float], zero_points: Sequence[int],
+         dim: int, out_scale: float, out_zp: int, qd: _dt.QDType) -> torch.Tensor:
+    if _is_cat_nhwc_fast_path(tensors, dim):
+        parts = [_cat_nhwc_part(t, s, z, out_scale, out_zp, qd)
+                 for t, s, z in zip(tensors, scales, zero_points)]
+        return torch.cat(parts, 1).contiguous(memory_format=torch.channels_last)
+    return torch.cat([_requantize_float(t, s, z, out_scale, out_zp, qd)
+                      for t, s, z in zip(tensors, scales, zero_points)], dim)
+
+
+@torch.library.custom_op("torchquant::cat", mutates_args=())
+def _cat_op(tensors: list[torch.Tensor], scales: list[float], zero_points: list[int], dim: int,
+            out_scale: float, out_zero_point: int, qdtype: str) -> torch.Tensor:
+    return _cat(tensors, scales, zero_points, dim, out_scale, out_zero_point,
+                _dt.qdtype_of(qdtype))
+
+
+@_cat_op.register_fake
+def _(tensors, scales, zero_points, dim, out_scale, out_zero_point, qdtype):
+    # the layouts of the eager path: requantized parts keep their inputs' layout
+    storage = _dt.qdtype_of(qdtype).storage_dtype
+    parts = [torch.empty_like(t, dtype=storage) for t in tensors]
+    if _is_cat_nhwc_fast_path(tensors, dim):
+        return torch.cat(parts, 1).contiguous(memory_format=torch.channels_last)
+    return torch.cat(parts, dim)
+
+
+def cat(tensors: Sequence[torch.Tensor], scales: Sequence[float], zero_points: Sequence[int],
+        dim: int, out_scale: float, out_zp: int, qdtype: _dt.QDType) -> torch.Tensor:
+    """The integers of ``quantize(cat([t_hat ...], dim))``: every per-tensor quantized input
+    (all of ``qdtype``, with its own scale and zero point) requantized to
+    (out_scale, out_zp)."""
+    if traced(*tensors):
+        return torch.ops.torchquant.cat(list(tensors), [float(s) for s in scales],
+                                        [int(z) for z in zero_points], dim, out_scale, out_zp,
+                                        qdtype.name)
+    return _cat(tensors, scales, zero_points, dim, out_scale, out_zp, qdtype)
+
+
+# ---- scalar add / mul --------------------------------------------------------------------------
+
+def add_scalar_qparams(scale: float, zero_point: int, other: float,
+                       qdtype: _dt.QDType) -> tuple[float, int]:
+    """The output (scale, zero_point) of ``q + other``: the zero point moved by
+    ``round(other / scale)`` steps; where that would leave the integer range, the zero point is
+    pinned at that end and the scale widened just enough to keep every value representable."""
+    steps = round(float(other) / scale)
+    shifted = zero_point - steps
+    if qdtype.qmin <= shifted <= qdtype.qmax:
+        return scale, shifted
+    span = qdtype.qmax - qdtype.qmin
+    if shifted < qdtype.qmin:
+        return (qdtype.qmax - shifted) / span * scale, qdtype.qmin
+    return (shifted - qdtype.qmin) / span * scale, qdtype.qmax
+
+
+def _add_scalar(x: torch.Tensor, scale: float, zp: int, other: float, out_scale: float,
+                out_zp: int, qd: _dt.QDType, relu: bool) -> torch.Tensor:
+    steps = round(float(other) / scale)
+    device = x.device
+    multiplier = _f32(scale, device) * affine.inv_scale_f32(torch.tensor(out_scale, device=device))
+    moved = x.to(torch.int64) - zp + steps
+    return affine.quantize_with_multiplier(moved, multiplier, out_zp,
+                                           out_zp if relu else qd.qmin, qd.qmax,
+                                           qd.storage_dtype, affine.ROUND_ADD)
+
+
+@torch.library.custom_op("torchquant::add_scalar", mutates_args=())
+def _add_scalar_op(x: torch.Tensor, scale: float, zero_point: int, other: float,
+                   out_scale: float, out_zero_point: int, qdtype: str,
+                   post_op: str) -> torch.Tensor:
+    return _add_scalar(x, scale, zero_point, other, out_scale, out_zero_point,
+                       _dt.qdtype_of(qdtype), post_op == "relu")
+
+
+@_add_scalar_op.register_fake
+def _(x, scale, zero_point, other, out_scale, out_zero_point, qdtype, post_op):
+    return torch.empty_like(x, dtype=_dt.qdtype_of(qdtype).storage_dtype)
+
+
+def add_scalar(x: torch.Tensor, scale: float, zp: int, other: float, out_scale: float,
+               out_zp: int, qdtype: _dt.QDType, relu: bool = False) -> torch.Tensor:
+    """The integers of ``q + other`` on the output grid (out_scale, out_zp) chosen by
+    :func:`add_scalar_qparams`; ``relu`` clamps at the output zero point."""
+    if traced(x):
+        return torch.ops.torchquant.add_scalar(x, scale, zp, float(other), out_scale, out_zp,
+                                               qdtype.name, "relu" if relu else "none")
+    return _add_scalar(x, scale, zp, other, out_scale, out_zp, qdtype, relu)
+
+
+def mul_scalar_qparams(scale: float, zero_point: int, other: float,
+                       qdtype: _dt.QDType) -> tuple[float, int]:
+    """The output (scale, zero_point) of ``q * other``: the scale times ``|other|``, the zero
+    point mirrored for a negative factor; (1.0, 0) for zero."""
+    factor = float(other)
+    if factor == 0:
+        return 1.0, 0
+    if factor > 0:
+        return scale * factor, zero_point
+    return scale * -factor, qdtype.qmax + qdtype.qmin - zero_point
+
+
+def _mul_scalar(x: torch.Tensor, other: float, qd: _dt.QDType) -> torch.Tensor:
+    factor = float(other)
+    if factor == 0:
+        return torch.zeros_like(x)
+    if factor > 0:
+        return x.clone()
+    return ((qd.qmax + qd.qmin) - x.to(torch.int64)).to(qd.storage_dtype)
+
+
+@torch.library.custom_op("torchquant::mul_scalar", mutates_args=())
+def _mul_scalar_op(x: torch.Tensor, other: float, qdtype: str) -> torch.Tensor:
+    return _mul_scalar(x, other, _dt.qdtype_of(qdtype))
+
+
+@_mul_scalar_op.register_fake
+def _(x, other, qdtype):
+    return _mul_scalar(x, other, _dt.qdtype_of(qdtype))  # layout ops only: valid on fakes
+
+
+def mul_scalar(x: torch.Tensor, other: float, qdtype: _dt.QDType) -> torch.Tensor:
+    """The integers of ``q * other`` under :func:`mul_scalar_qparams`: unchanged for a
+    positive factor, mirrored within the range for a negative one, zeros for zero."""
+    if traced(x):
+        return torch.ops.torchquant.mul_scalar(x, float(other), qdtype.name)
+    return _mul_scalar(x, other, qdtype)
+
+
+# ---- matmul ----------------------------------------------------------------------------------
+
+def _matmul(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: float,
+            b_zp: int, out_scale: float, out_zp: int, qd: _dt.QDType) -> torch.Tensor:
+    product = torch.matmul(
+        affine.dequantize_int(a, torch.tensor(a_scale, dtype=torch.float64),
+                              torch.tensor(a_zp, dtype=torch.int64)),
+        affine.dequantize_int(b, torch.tensor(b_scale, dtype=torch.float64),
+                              torch.tensor(b_zp, dtype=torch.int64)))
+    return affine.quantize_int(product, torch.tensor(out_scale, dtype=torch.float64,
+                                                     device=a.device),
+                               torch.tensor(out_zp, device=a.device), qd.qmin, qd.qmax,
+                               qd.storage_dtype, mode=affine.quantize_mode(qd, False))
+
+
+@torch.library.custom_op("torchquant::matmul", mutates_args=())
+def _matmul_op(a: torch.Tensor, a_scale: float, a_zero_point: int, b: torch.Tensor,
+               b_scale: float, b_zero_point: int, out_scale: float, out_zero_point: int,
+               qdtype: str) -> torch.Tensor:
+    return _matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, out_scale,
+                   out_zero_point, _dt.qdtype_of(qdtype))
+
+
+@_matmul_op.register_fake
+def _(a, a_scale, a_zero_point, b, b_scale, b_zero_point, out_scale, out_zero_point, qdtype):
+    product = torch.matmul(torch.empty_like(a, dtype=torch.float32),
+                           torch.empty_like(b, dtype=torch.float32))
+    return torch.empty_like(product, dtype=_dt.qdtype_of(qdtype).storage_dtype)
+
+
+def matmul(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: float,
+           b_zp: int, out_scale: float, out_zp: int, qdtype: _dt.QDType) -> torch.Tensor:
+    """The integers of ``quantize(a_hat @ b_hat)`` (dequantize, float matmul, quantize)."""
+    if traced(a, b):
+        return torch.ops.torchquant.matmul(a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp,
+                                           qdtype.name)
+    return _matmul(a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp, qdtype)
+
+
+# ---- prelu -----------------------------------------------------------------------------------
+
+def _prelu_weight_shape(x: torch.Tensor, weight: torch.Tensor) -> list:
+    shape = [1] * x.dim()
+    if x.dim() > 1:
+        shape[1] = weight.numel()
+    return shape
+
+
+def _prelu(x: torch.Tensor, x_scale: float, x_zp: int, weight: torch.Tensor, w_scale: float,
+           w_zp: int, out_scale: float, out_zp: int, qd: _dt.QDType) -> torch.Tensor:
+    if x.dim() == 0:
+        raise RuntimeError("qprelu: zero-dim input tensor is not allowed.")
+    w_values = weight.reshape(_prelu_weight_shape(x, weight)).to(torch.int64) - w_zp
+    one = affine.quantize_scalar(1.0, w_scale, w_zp, qd.qmin, qd.qmax, affine.MUL_ADD) - w_zp
+    values = x.to(torch.int64)
+    acc = (torch.clamp(values, min=x_zp) - x_zp) * one + (torch.clamp(values, max=x_zp) - x_zp) \
+        * w_values
+    device = x.device
+    multiplier = (_f32(x_scale, device) * _f32(w_scale, device)
+                  * affine.inv_scale_f32(torch.tensor(out_scale, device=device)))
+    return affine.quantize_with_multiplier(acc, multiplier, out_zp, qd.qmin, qd.qmax,
+                                           qd.storage_dtype, affine.ROUND_ADD)
+
+
+@torch.library.custom_op("torchquant::prelu", mutates_args=())
+def _prelu_op(x: torch.Tensor, x_scale: float, x_zero_point: int, weight: torch.Tensor,
+              weight_scale: float, weight_zero_point: int, out_scale: float, out_zero_point: int,
+              qdtype: str) -> torch.Tensor:
+    return _prelu(x, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, out_scale,
+                  out_zero_point, _dt.qdtype_of(qdtype))
+
+
+@_prelu_op.register_fake
+def _(x, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, out_scale,
+      out_zero_point, qdtype):
+    if x.dim() == 0:
+        raise RuntimeError("qprelu: zero-dim input tensor is not allowed.")
+    acc = x.to(torch.int64) * weight.reshape(_prelu_weight_shape(x, weight)).to(torch.int64)
+    return torch.empty_like(acc, dtype=_dt.qdtype_of(qdtype).storage_dtype)
+
+
+def prelu(x: torch.Tensor, x_scale: float, x_zp: int, weight: torch.Tensor, w_scale: float,
+          w_zp: int, out_scale: float, out_zp: int, qdtype: _dt.QDType) -> torch.Tensor:
+    """The integers of ``max(x, 0) + w * min(x, 0)`` with the per-tensor quantized weight
+    along dim 1 (or one shared weight), computed on integers: ``(q - zp)`` times the weight's
+    integer above its zero point for negative inputs, times the weight grid's integer for 1.0
+    for positive ones (so positive inputs shrink when 1.0 clamps on that grid, as in torch),
+    requantized like :func:`mul`."""
+    if traced(x, weight):
+        return torch.ops.torchquant.prelu(x, x_scale, x_zp, weight, w_scale, w_zp, out_scale,
+                                          out_zp, qdtype.name)
+    return _prelu(x, x_scale, x_zp, weight, w_scale, w_zp, out_scale, out_zp, qdtype)
