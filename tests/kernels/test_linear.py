@@ -172,38 +172,42 @@ def test_no_int16_saturation(rows):
             assert_within_one_step(got, expected, min_exact=0.9)
 
 
-def test_saturation_guard_routes_to_int_mm(monkeypatch):
+def test_saturation_guard_splits_large_inputs(monkeypatch):
     """Where oneDNN saturates int16 pairs (forced here; the real state on AVX2-only CPUs) its
-    Linear kernels run inputs above 128 on ``_int_mm`` and keep oneDNN for inputs <= 128; the
-    per-token fast path (u8 rows up to 255) is off."""
+    Linear kernels keep one oneDNN call for inputs <= 128 and split larger inputs into two
+    exact halves (x & 127, x >> 7): results as the exact int32 GEMM's (one float rounding
+    apart at most), never the unvectorised ``_int_mm``; the per-token fast path splits too."""
     from torchquant.kernels import linear as klinear
     if not static_impls()["onednn"].available():
         pytest.skip("oneDNN not available")
     monkeypatch.setattr(klinear, "onednn_u8_exact_max", lambda: klinear.ONEDNN_SAFE_U8_MAX)
     calls = []
-    for op in ("_quantized_linear_int_mm", "_dynamic_linear_int_mm"):
+    for op in ("_quantized_linear_int_mm", "_dynamic_linear_int_mm", "onednn_split_linear"):
         real = getattr(klinear, op)
-        monkeypatch.setattr(klinear, op, lambda *a, _real=real, _op=op: calls.append(_op)
-                            or _real(*a))
+        monkeypatch.setattr(klinear, op, lambda *a, _real=real, _op=op, **k: calls.append(_op)
+                            or _real(*a, **k))
     w_int, w_scale, w_zp, axis, _ = random_weight(16, 32, True)
     packed = pack_linear_weight(w_int, w_scale, w_zp, axis, torch.randn(16))
     small = torch.randint(0, 129, (4, 32), dtype=torch.uint8)
     small[0, 0] = 128
-    big = small.clone()
-    big[1, 1] = 129
+    big = torch.randint(0, 256, (4, 32), dtype=torch.uint8)
+    big[1, 1] = 255
     static_args = (0.05, 7, packed, 0.5, 100, tq.quint8, False)
     onednn_static = static_impls()["onednn"].fn
     onednn_dynamic = kernels.implementations("dynamic_linear")["onednn"].fn
     reference = static_impls()["reference"].fn
     assert_within_one_step(onednn_static(small, *static_args), reference(small, *static_args))
     onednn_dynamic(small, 0.05, 7, packed, False)
-    assert calls == []  # both on oneDNN
-    assert torch.equal(onednn_static(big, *static_args),
-                       klinear._quantized_linear_int_mm(big, *static_args))
-    assert torch.equal(onednn_dynamic(big, 0.05, 7, packed, False),
-                       klinear._dynamic_linear_int_mm(big, 0.05, 7, packed, False))
-    assert calls == ["_quantized_linear_int_mm"] * 2 + ["_dynamic_linear_int_mm"] * 2
-    assert klinear._per_token_fast(torch.randn(4, 32), packed, False) is None
+    assert calls == []  # both on one oneDNN call
+    assert_within_one_step(onednn_static(big, *static_args),
+                           klinear._quantized_linear_int_mm(big, *static_args))
+    torch.testing.assert_close(onednn_dynamic(big, 0.05, 7, packed, False),
+                               klinear._dynamic_linear_int_mm(big, 0.05, 7, packed, False),
+                               rtol=1e-5, atol=1e-5)
+    assert calls.count("onednn_split_linear") == 2
+    calls.clear()
+    assert klinear._per_token_fast(torch.randn(4, 32), packed, False) is not None
+    assert calls == ["onednn_split_linear"]
 
 
 def test_static_batched_input_and_qtensor_scalars():
@@ -397,7 +401,9 @@ def test_per_token_fast_path_matches_reference_and_definition(monkeypatch):
     assert torch.equal(compiled_u8.to(torch.int16) - 128, x_q.to(torch.int16))
     expected = (x_q.double() @ w_int.double().t()) * row_scale[:, None].double() \
         * w_scale.double() + bias.double()
-    fast_path = klinear.onednn_u8s8_exact()
+    # the fast path runs wherever oneDNN is usable (split in two exact halves where its
+    # products saturate int16 pairs above 128)
+    fast_path = klinear.onednn_usable()
     assert (klinear._per_token_fast(x, packed, False) is None) == (not fast_path)
     for relu in (False, True):
         want = (torch.relu(expected) if relu else expected).float()

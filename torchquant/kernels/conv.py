@@ -6,8 +6,8 @@
   of the logical ``[N, C, *spatial]`` shape in channels-last memory format (what torch's x86
   quantized conv returns too): feeding it to the next conv skips a layout conversion.  Where
   oneDNN saturates int16 pairs of products (no VNNI / AMX, see
-  ``linear.onednn_u8_exact_max``) inputs above 128 run on the reference instead, still
-  returned channels-last.
+  ``linear.onednn_u8_exact_max``) inputs above 128 run as two exact halves (``x & 127`` and
+  ``x >> 7``) with float output and one requantization, still returned channels-last.
 * ``reference`` -- dequantize, float ``conv``, quantize (the numerics contract); contiguous
   output.  Also the only path for transposed convolution, for asymmetric weights, and where
   oneDNN is missing (non-x86 builds, CUDA).
@@ -295,14 +295,29 @@ def _onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedC
     if onednn_u8s8_exact():
         return plan
 
-    # This CPU's oneDNN saturates int16 pairs of u8 x s8 products: inputs above 128 run on the
-    # reference, returned in oneDNN's channels-last layout so the layout does not depend on
+    # This CPU's oneDNN saturates int16 pairs of u8 x s8 products: inputs above 128 take the
+    # split below, returned in oneDNN's channels-last layout so the layout does not depend on
     # the data.
+    # Above 128 the input is split, x = lo + 128 * hi (lo = x & 127, hi = x >> 7, both exact
+    # for oneDNN): (x - zp) * w = (lo - zp) * w + 128 * hi * w, two float-output convs (zero
+    # padding stays zero in both), then one requantization.
+    geometry = (packed.stride, packed.padding, packed.dilation, packed.groups)
+    hi_weight = _sized_onednn_weight(packed, x, float(x_scale) * 128.0, 0)
+
+    def split(x_int: torch.Tensor) -> torch.Tensor:
+        lo = torch.bitwise_and(x_int, 127)
+        hi = torch.bitwise_right_shift(x_int, 7)
+        y = conv(lo, float(x_scale), int(x_zp), args[2], packed.channel_scale,
+                 packed.channel_zero_point, packed.bias, *geometry, 1.0, 0, torch.float32,
+                 "none", [], "")
+        y = y.add_(conv(hi, float(x_scale) * 128.0, 0, hi_weight, packed.channel_scale,
+                        packed.channel_zero_point, None, *geometry, 1.0, 0, torch.float32,
+                        "none", [], ""))
+        out = _requantize_float(y, out_scale, out_zp, relu)
+        return out.movedim(1, -1).contiguous().movedim(-1, 1)
+
     def guarded(x_int: torch.Tensor) -> torch.Tensor:
-        if onednn_exact_for(x_int):
-            return plan(x_int)
-        y = _quantized_conv_reference(x_int, x_scale, x_zp, packed, out_scale, out_zp, relu)
-        return y.movedim(1, -1).contiguous().movedim(-1, 1)
+        return plan(x_int) if onednn_exact_for(x_int) else split(x_int)
     return guarded
 
 

@@ -9,7 +9,7 @@ through the registry:
   int32-accumulating u8 x s8 instruction (AVX2 / AVX-512 without VNNI or AMX) oneDNN's
   ``vpmaddubsw`` saturates ``u8*s8 + u8*s8`` to int16 and the GEMM is wrong for activations
   above 128; there (found once by :func:`onednn_u8_exact_max`) the kernel checks the input's
-  maximum and hands larger inputs to ``int_mm``.
+  maximum and runs larger inputs as two exact halves (:func:`onednn_split_linear`).
 * ``int_mm`` -- ``torch._int_mm`` (s8 x s8 -> s32) on the plain weight plus one epilogue;
   uint8 activations are shifted to int8 (``x ^ 0x80 == x - 128``) and the shift is folded into
   a per-channel correction.  Wins at one or two rows; also the CUDA path.
@@ -403,13 +403,34 @@ def _quantized_linear_int_mm(x, x_scale, x_zp, packed, out_scale, out_zp, out_qd
                              out_qdtype.storage_dtype)
 
 
+def onednn_split_linear(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
+                        packed: PackedLinearWeight, with_bias: bool = True) -> torch.Tensor:
+    """``linear(x_hat, w_hat, bias)`` in float32 through oneDNN on a CPU whose u8 x s8 products
+    saturate int16 pairs above 128: ``x = lo + 128 * hi`` with ``lo = x & 127`` and
+    ``hi = x >> 7`` are both exact for it, and ``(x - zp) . w = (lo - zp) . w + 128 * hi . w``.
+    Two GEMMs and one float add (vs the exact but unvectorised ``_int_mm`` on such CPUs)."""
+    lo = torch.bitwise_and(x, 127)
+    hi = torch.bitwise_right_shift(x, 7)
+    y = torch.ops.onednn.qlinear_pointwise(
+        lo, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
+        packed.channel_zero_point, packed.bias if with_bias else None, 1.0, 0, torch.float32,
+        "none", [], "")
+    return y.add_(torch.ops.onednn.qlinear_pointwise(
+        hi, float(x_scale) * 128.0, 0, packed.onednn_weight, packed.channel_scale,
+        packed.channel_zero_point, None, 1.0, 0, torch.float32, "none", [], ""))
+
+
 @register("quantized_linear", "onednn", devices=("cpu",),
           applies=lambda x, packed, out_qdtype, **_: _onednn_applies(x, packed)
           and out_qdtype == _dt.quint8, available=onednn_usable)
 def _quantized_linear_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, relu):
-    if not onednn_exact_for(x):  # would saturate on this CPU: the exact int32 GEMM
-        return _quantized_linear_int_mm(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype,
-                                        relu)
+    if not onednn_exact_for(x):  # would saturate on this CPU: two exact halves, float sum
+        y = onednn_split_linear(x, x_scale, x_zp, packed)
+        return affine.quantize_int(torch.relu(y) if relu else y,
+                                   torch.tensor(float(out_scale), dtype=torch.float64),
+                                   torch.tensor(int(out_zp)), out_qdtype.qmin, out_qdtype.qmax,
+                                   out_qdtype.storage_dtype,
+                                   mode=affine.quantize_mode(out_qdtype, per_channel=False))
     return torch.ops.onednn.qlinear_pointwise(
         x, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
         packed.channel_zero_point, packed.bias, float(out_scale), int(out_zp), None,
@@ -489,7 +510,8 @@ def _dynamic_linear_int_mm(x_q, x_scale, x_zp, packed, relu):
           applies=lambda x, packed, **_: _onednn_applies(x, packed), available=onednn_usable)
 def _dynamic_linear_onednn(x_q, x_scale, x_zp, packed, relu):
     if not onednn_exact_for(x_q):  # would saturate on this CPU (reduce_range=False activations)
-        return _dynamic_linear_int_mm(x_q, x_scale, x_zp, packed, relu)
+        y = onednn_split_linear(x_q, x_scale, x_zp, packed)
+        return y.relu_() if relu else y
     return torch.ops.onednn.qlinear_pointwise(
         x_q, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
         packed.channel_zero_point, packed.bias, 1.0, 0, torch.float32,
@@ -604,16 +626,15 @@ def _per_token_rows_u8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _per_token_fast(x2d: torch.Tensor, packed: PackedLinearWeight,
                     relu: bool) -> Optional[torch.Tensor]:
-    """The fast per-token Linear where it applies (CPU, oneDNN weight, auto kernel mode, oneDNN
-    exact on the whole uint8 range); None sends the caller down the general path.
+    """The fast per-token Linear where it applies (CPU, oneDNN weight, auto kernel mode);
+    None sends the caller down the general path.
 
-    The shifted rows span 1..255, so on CPUs where oneDNN saturates int16 pairs
-    (:func:`onednn_u8_exact_max` < 255) this path would be wrong: there the general path runs
-    the int8 rows through ``_int_mm``."""
+    The shifted rows span 1..255: on CPUs where oneDNN saturates int16 pairs above 128
+    (:func:`onednn_u8_exact_max` < 255) they go through :func:`onednn_split_linear`."""
     from . import mode
     if (mode() == "reference" or torch.compiler.is_compiling() or x2d.device.type != "cpu"
             or packed.onednn_weight is None or x2d.size(0) < ONEDNN_MIN_ROWS
-            or not onednn_u8s8_exact()):
+            or not onednn_usable()):
         return None
     from . import cpu_compiled
     x2d = x2d.contiguous()
@@ -622,7 +643,10 @@ def _per_token_fast(x2d: torch.Tensor, packed: PackedLinearWeight,
     x_u8, scale = kernel([x2d]) if kernel is not None else _per_token_rows_u8(x2d)
     if not bool(torch.isfinite(scale).all()):
         raise ValueError("per_token_dynamic_linear: input contains NaN or Inf")
-    y = torch.ops.onednn.qlinear_pointwise(
-        x_u8, 1.0, _UINT8_TO_INT8_SHIFT, packed.onednn_weight, packed.channel_scale,
-        packed.channel_zero_point, None, 1.0, 0, torch.float32, "none", [], "")
+    if onednn_u8s8_exact():
+        y = torch.ops.onednn.qlinear_pointwise(
+            x_u8, 1.0, _UINT8_TO_INT8_SHIFT, packed.onednn_weight, packed.channel_scale,
+            packed.channel_zero_point, None, 1.0, 0, torch.float32, "none", [], "")
+    else:
+        y = onednn_split_linear(x_u8, 1.0, _UINT8_TO_INT8_SHIFT, packed, with_bias=False)
     return _row_rescale_(y, scale, packed, relu)
