@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import torchquant
 
 PACKAGE = Path(torchquant.__file__).parent
@@ -109,3 +111,17 @@ def test_import_torchquant_does_not_load_nn_or_quantization():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "[]", out
+
+
+@pytest.mark.parametrize("first", [
+    "torchquant.nn.quantizable", "torchquant.nn.quantized", "torchquant.nn.qat",
+    "torchquant.nn.intrinsic", "torchquant.nn.quantized.dynamic", "torchquant.quantization",
+    "torchquant.nn.quantizable.modules.activation", "torchquant.ops",
+])
+def test_any_subpackage_imports_first(first):
+    """Whichever part a user imports first, the package loads (and the eager workflow runs)."""
+    code = (f"import {first}; import torch, torchquant.quantization as tq; "
+            "m = torch.nn.Sequential(tq.QuantStub(), torch.nn.Linear(4, 4), tq.DeQuantStub()); "
+            "m.qconfig = tq.default_qconfig; tq.prepare(m, inplace=True); m(torch.randn(2, 4)); "
+            "tq.convert(m, inplace=True); m(torch.randn(2, 4))")
+    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
