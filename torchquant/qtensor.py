@@ -54,6 +54,8 @@ class QTensor(torch.Tensor):
         handler = _FUNCTIONS.get(func)
         if handler is not None:
             return handler(*args, **(kwargs or {}))
+        if func in _TRACED_FUNCTIONS and args and _traced_per_tensor(args[0]):
+            return _TRACED_FUNCTIONS[func](*args, **(kwargs or {}))
         if func in _LAYOUT_FUNCTIONS and args and _traced_per_tensor(args[0]):
             # While traced, a per-tensor QTensor's layout ops act on its integers directly:
             # export's and dynamo's tracers do not re-dispatch these to __torch_dispatch__.
@@ -715,6 +717,14 @@ def _relu(func, q):
         _unsupported("relu", q)
     vals = torch.maximum(q._values(), zp.to(q.int_data.dtype))
     return q._with(vals)
+
+
+# Functions whose aten op a tracer would not re-dispatch to a QTensor created in the graph:
+# while traced they run their integer handler directly (eager goes the usual way).
+_TRACED_FUNCTIONS: dict[Any, Callable] = {
+    f: (lambda q, inplace=False: _relu(None, q))
+    for f in (torch.relu, torch.Tensor.relu, torch.nn.functional.relu)
+}
 
 
 @_implements(aten.relu_.default)

@@ -157,3 +157,27 @@ def test_export_and_compile_dynamic_minilm(minilm_dynamic):
     # inductor fuses the float glue around the int8 GEMMs (layer norm, softmax, GELU) with
     # its own reassociation: close to eager, not bit-identical
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+class _ReluOnQTensor(nn.Module):
+    """An unfused ReLU on a quantized activation (nn.ReLU, F.relu, torch.relu, Tensor.relu)."""
+
+    def __init__(self):
+        super().__init__()
+        self.relu = nn.ReLU()
+
+    def forward(self, x):
+        import torchquant
+        q = torchquant.quantize_per_tensor(x, 0.05, 10, torchquant.quint8)
+        return torch.relu(torch.nn.functional.relu(self.relu(q))).relu().dequantize()
+
+
+def test_export_and_compile_relu_on_a_qtensor():
+    x = torch.randn(3, 7)
+    model = _ReluOnQTensor()
+    ep = torch.export.export(model, (x,))
+    assert torch.equal(ep.module()(x), model(x))
+    assert torch.equal(torch.compile(model, fullgraph=True)(x), model(x))
+    import torchquant
+    ints = torchquant.quantize_per_tensor(x, 0.05, 10, torchquant.quint8).int_repr()
+    assert torch.equal(model(x), (ints.clamp_min(10).float() - 10) * 0.05)  # relu at the zp
