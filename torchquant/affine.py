@@ -330,6 +330,22 @@ def quantize_int(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
     return fn(x.to(torch.float32), inv, zp, qmin, qmax, storage_dtype, mode)
 
 
+def quantize_per_tensor_int(x: torch.Tensor, scale: float, zero_point: int,
+                            qdtype: QDType) -> torch.Tensor:
+    """:func:`quantize_int` to Python-number per-tensor qparams with ``qdtype``'s range and
+    rounding rule: the one form of "quantize a float tensor to these qparams" (8/32-bit)."""
+    return quantize_int(x, torch.tensor(float(scale), dtype=torch.float64, device=x.device),
+                        torch.tensor(int(zero_point), dtype=torch.int64, device=x.device),
+                        qdtype.qmin, qdtype.qmax, qdtype.storage_dtype, None,
+                        quantize_mode(qdtype, per_channel=False))
+
+
+def dequantize_per_tensor_int(q: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
+    """:func:`dequantize_int` with Python-number per-tensor qparams (float32 result)."""
+    return dequantize_int(q, torch.tensor(float(scale), dtype=torch.float64, device=q.device),
+                          torch.tensor(int(zero_point), dtype=torch.int64, device=q.device))
+
+
 def quantize_finite_per_tensor(x: torch.Tensor, scale: float, zero_point: int, qmin: int,
                                qmax: int, storage_dtype: torch.dtype) -> torch.Tensor:
     """:func:`quantize_int` (FMA rounding, per tensor) for float32 input already known to be

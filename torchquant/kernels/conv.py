@@ -295,12 +295,11 @@ def _onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedC
     if onednn_u8s8_exact():
         return plan
 
-    # This CPU's oneDNN saturates int16 pairs of u8 x s8 products: inputs above 128 take the
-    # split below, returned in oneDNN's channels-last layout so the layout does not depend on
-    # the data.
-    # Above 128 the input is split, x = lo + 128 * hi (lo = x & 127, hi = x >> 7, both exact
-    # for oneDNN): (x - zp) * w = (lo - zp) * w + 128 * hi * w, two float-output convs (zero
-    # padding stays zero in both), then one requantization.
+    # This CPU's oneDNN saturates int16 pairs of u8 x s8 products above 128.  Such inputs are
+    # split, x = lo + 128 * hi (lo = x & 127, hi = x >> 7, both exact for oneDNN):
+    # (x - zp) * w = (lo - zp) * w + 128 * hi * w, two float-output convs (zero padding stays
+    # zero in both), one requantization, returned in oneDNN's channels-last layout so the
+    # layout does not depend on the data.
     geometry = (packed.stride, packed.padding, packed.dilation, packed.groups)
     hi_weight = _sized_onednn_weight(packed, x, float(x_scale) * 128.0, 0)
 

@@ -426,11 +426,8 @@ def onednn_split_linear(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
 def _quantized_linear_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, relu):
     if not onednn_exact_for(x):  # would saturate on this CPU: two exact halves, float sum
         y = onednn_split_linear(x, x_scale, x_zp, packed)
-        return affine.quantize_int(torch.relu(y) if relu else y,
-                                   torch.tensor(float(out_scale), dtype=torch.float64),
-                                   torch.tensor(int(out_zp)), out_qdtype.qmin, out_qdtype.qmax,
-                                   out_qdtype.storage_dtype,
-                                   mode=affine.quantize_mode(out_qdtype, per_channel=False))
+        return affine.quantize_per_tensor_int(y.relu_() if relu else y, float(out_scale),
+                                              int(out_zp), out_qdtype)
     return torch.ops.onednn.qlinear_pointwise(
         x, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
         packed.channel_zero_point, packed.bias, float(out_scale), int(out_zp), None,
@@ -633,8 +630,7 @@ def _per_token_fast(x2d: torch.Tensor, packed: PackedLinearWeight,
     (:func:`onednn_u8_exact_max` < 255) they go through :func:`onednn_split_linear`."""
     from . import mode
     if (mode() == "reference" or torch.compiler.is_compiling() or x2d.device.type != "cpu"
-            or packed.onednn_weight is None or x2d.size(0) < ONEDNN_MIN_ROWS
-            or not onednn_usable()):
+            or packed.onednn_weight is None or x2d.size(0) < ONEDNN_MIN_ROWS):
         return None
     from . import cpu_compiled
     x2d = x2d.contiguous()

@@ -102,10 +102,8 @@ def _add(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: f
         return kernels.get("add", x)(x, y, *operands, qd.qmin, qd.qmax, qd.storage_dtype, relu)
 
     def tail_path(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        total = (affine.dequantize_int(x, torch.tensor(a_scale, dtype=torch.float64),
-                                       torch.tensor(a_zp))
-                 + affine.dequantize_int(y, torch.tensor(b_scale, dtype=torch.float64),
-                                         torch.tensor(b_zp)))
+        total = (affine.dequantize_per_tensor_int(x, a_scale, a_zp)
+                 + affine.dequantize_per_tensor_int(y, b_scale, b_zp))
         if relu:
             total = torch.clamp(total, min=0.0)
         return affine.quantize_with_multiplier(total, inv_out, out_zp, qd.qmin, qd.qmax,
@@ -197,12 +195,8 @@ def _is_cat_nhwc_fast_path(tensors: Sequence[torch.Tensor], dim: int) -> bool:
 
 def _requantize_float(x: torch.Tensor, scale: float, zp: int, out_scale: float, out_zp: int,
                       qd: _dt.QDType) -> torch.Tensor:
-    device = x.device
-    x_hat = affine.dequantize_int(x, torch.tensor(scale, dtype=torch.float64),
-                                  torch.tensor(zp, dtype=torch.int64))
-    return affine.quantize_int(x_hat, torch.tensor(out_scale, dtype=torch.float64, device=device),
-                               torch.tensor(out_zp, dtype=torch.int64, device=device), qd.qmin,
-                               qd.qmax, qd.storage_dtype, mode=affine.quantize_mode(qd, False))
+    return affine.quantize_per_tensor_int(affine.dequantize_per_tensor_int(x, scale, zp),
+                                          out_scale, out_zp, qd)
 
 
 def _cat_nhwc_part(x: torch.Tensor, scale: float, zp: int, out_scale: float, out_zp: int,
@@ -218,8 +212,7 @@ def _cat_nhwc_part(x: torch.Tensor, scale: float, zp: int, out_scale: float, out
     if split < x.shape[1]:
         rest = x[:, split:]
         vector[:, split:] = affine.quantize_with_multiplier(
-            affine.dequantize_int(rest, torch.tensor(scale, dtype=torch.float64),
-                                  torch.tensor(zp, dtype=torch.int64)),
+            affine.dequantize_per_tensor_int(rest, scale, zp),
             inv_out, out_zp, qd.qmin, qd.qmax, qd.storage_dtype, affine.MUL_ADD)
     return vector
 
@@ -357,15 +350,9 @@ def mul_scalar(x: torch.Tensor, other: float, qdtype: _dt.QDType) -> torch.Tenso
 
 def _matmul(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: float,
             b_zp: int, out_scale: float, out_zp: int, qd: _dt.QDType) -> torch.Tensor:
-    product = torch.matmul(
-        affine.dequantize_int(a, torch.tensor(a_scale, dtype=torch.float64),
-                              torch.tensor(a_zp, dtype=torch.int64)),
-        affine.dequantize_int(b, torch.tensor(b_scale, dtype=torch.float64),
-                              torch.tensor(b_zp, dtype=torch.int64)))
-    return affine.quantize_int(product, torch.tensor(out_scale, dtype=torch.float64,
-                                                     device=a.device),
-                               torch.tensor(out_zp, device=a.device), qd.qmin, qd.qmax,
-                               qd.storage_dtype, mode=affine.quantize_mode(qd, False))
+    product = torch.matmul(affine.dequantize_per_tensor_int(a, a_scale, a_zp),
+                           affine.dequantize_per_tensor_int(b, b_scale, b_zp))
+    return affine.quantize_per_tensor_int(product, out_scale, out_zp, qd)
 
 
 @torch.library.custom_op("torchquant::matmul", mutates_args=())

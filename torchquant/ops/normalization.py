@@ -32,17 +32,6 @@ def _detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.detach()
 
 
-def _dequantize(x: torch.Tensor, scale: float, zp: int) -> torch.Tensor:
-    return affine.dequantize_int(x, torch.tensor(scale, dtype=torch.float64),
-                                 torch.tensor(zp, dtype=torch.int64))
-
-
-def _quantize(y: torch.Tensor, scale: float, zp: int, qd: _dt.QDType) -> torch.Tensor:
-    return affine.quantize_int(y, torch.tensor(float(scale), dtype=torch.float64, device=y.device),
-                               torch.tensor(int(zp), device=y.device), qd.qmin, qd.qmax,
-                               qd.storage_dtype, mode=affine.quantize_mode(qd, False))
-
-
 def _fake_like(y: torch.Tensor, qdtype: str) -> torch.Tensor:
     return torch.empty_like(y, dtype=_dt.qdtype_of(qdtype).storage_dtype)
 
@@ -113,8 +102,8 @@ def batch_norm(x: torch.Tensor, x_scale: float, x_zp: int, weight: Optional[torc
 # ---- layer / group / instance norm -----------------------------------------------------------
 
 def _layer_norm(x, x_scale, x_zp, normalized_shape, weight, bias, eps, out_scale, out_zp, qd):
-    y = F.layer_norm(_dequantize(x, x_scale, x_zp), list(normalized_shape), weight, bias, eps)
-    return _quantize(y, out_scale, out_zp, qd)
+    y = F.layer_norm(affine.dequantize_per_tensor_int(x, x_scale, x_zp), list(normalized_shape), weight, bias, eps)
+    return affine.quantize_per_tensor_int(y, out_scale, out_zp, qd)
 
 
 @torch.library.custom_op("torchquant::layer_norm", mutates_args=())
@@ -146,8 +135,8 @@ def layer_norm(x: torch.Tensor, x_scale: float, x_zp: int, normalized_shape: Seq
 
 
 def _group_norm(x, x_scale, x_zp, num_groups, weight, bias, eps, out_scale, out_zp, qd):
-    y = F.group_norm(_dequantize(x, x_scale, x_zp), num_groups, weight, bias, eps)
-    return _quantize(y, out_scale, out_zp, qd)
+    y = F.group_norm(affine.dequantize_per_tensor_int(x, x_scale, x_zp), num_groups, weight, bias, eps)
+    return affine.quantize_per_tensor_int(y, out_scale, out_zp, qd)
 
 
 @torch.library.custom_op("torchquant::group_norm", mutates_args=())
@@ -177,8 +166,8 @@ def group_norm(x: torch.Tensor, x_scale: float, x_zp: int, num_groups: int,
 
 
 def _instance_norm(x, x_scale, x_zp, weight, bias, eps, out_scale, out_zp, qd):
-    y = F.instance_norm(_dequantize(x, x_scale, x_zp), weight=weight, bias=bias, eps=eps)
-    return _quantize(y, out_scale, out_zp, qd)
+    y = F.instance_norm(affine.dequantize_per_tensor_int(x, x_scale, x_zp), weight=weight, bias=bias, eps=eps)
+    return affine.quantize_per_tensor_int(y, out_scale, out_zp, qd)
 
 
 @torch.library.custom_op("torchquant::instance_norm", mutates_args=())
@@ -208,7 +197,7 @@ def instance_norm(x: torch.Tensor, x_scale: float, x_zp: int, weight: Optional[t
 # ---- softmax ---------------------------------------------------------------------------------
 
 def _softmax(x, x_scale, x_zp, dim, out_scale, out_zp, qd):
-    return _quantize(torch.softmax(_dequantize(x, x_scale, x_zp), dim), out_scale, out_zp, qd)
+    return affine.quantize_per_tensor_int(torch.softmax(affine.dequantize_per_tensor_int(x, x_scale, x_zp), dim), out_scale, out_zp, qd)
 
 
 @torch.library.custom_op("torchquant::softmax", mutates_args=())

@@ -23,18 +23,10 @@ def _byte_qdtype(name: str) -> _dt.QDType:
     return qdtype
 
 
-def _quantize_per_tensor(x: torch.Tensor, scale: float, zero_point: int,
-                         qdtype: _dt.QDType) -> torch.Tensor:
-    return affine.quantize_int(x, torch.tensor(scale, dtype=torch.float64, device=x.device),
-                               torch.tensor(zero_point, dtype=torch.int64, device=x.device),
-                               qdtype.qmin, qdtype.qmax, qdtype.storage_dtype, None,
-                               affine.quantize_mode(qdtype, per_channel=False))
-
-
 @torch.library.custom_op("torchquant::quantize_per_tensor", mutates_args=())
 def _quantize_per_tensor_op(x: torch.Tensor, scale: float, zero_point: int,
                             qdtype: str) -> torch.Tensor:
-    return _quantize_per_tensor(x, scale, zero_point, _byte_qdtype(qdtype))
+    return affine.quantize_per_tensor_int(x, scale, zero_point, _byte_qdtype(qdtype))
 
 
 @_quantize_per_tensor_op.register_fake
@@ -47,17 +39,12 @@ def quantize_per_tensor(x: torch.Tensor, scale: float, zero_point: int,
     """The integers of ``x`` quantized with one (scale, zero_point) (validated by the caller)."""
     if traced(x):
         return torch.ops.torchquant.quantize_per_tensor(x, scale, zero_point, qdtype.name)
-    return _quantize_per_tensor(x, scale, zero_point, qdtype)
-
-
-def _dequantize_per_tensor(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
-    return affine.dequantize_int(x, torch.tensor(scale, dtype=torch.float64, device=x.device),
-                                 torch.tensor(zero_point, dtype=torch.int64, device=x.device))
+    return affine.quantize_per_tensor_int(x, scale, zero_point, qdtype)
 
 
 @torch.library.custom_op("torchquant::dequantize_per_tensor", mutates_args=())
 def _dequantize_per_tensor_op(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
-    return _dequantize_per_tensor(x, scale, zero_point)
+    return affine.dequantize_per_tensor_int(x, scale, zero_point)
 
 
 @_dequantize_per_tensor_op.register_fake
@@ -69,7 +56,7 @@ def dequantize_per_tensor(x: torch.Tensor, scale: float, zero_point: int) -> tor
     """``(x - zero_point) * scale`` in float32."""
     if traced(x):
         return torch.ops.torchquant.dequantize_per_tensor(x, scale, zero_point)
-    return _dequantize_per_tensor(x, scale, zero_point)
+    return affine.dequantize_per_tensor_int(x, scale, zero_point)
 
 
 def _quantize_per_channel(x: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,

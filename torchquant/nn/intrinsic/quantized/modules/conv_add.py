@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..... import affine
+from .....ops import quantize as ops_quantize
 from ..... import dtypes as _dt
 from .....qtensor import QTensor
 from ...modules import fused as nni
@@ -41,9 +41,7 @@ class ConvAdd2d(Conv2d):
             y = torch.relu(y)
         qd = _dt.quint8
         scale, zero_point = self._output_qparams()
-        out = affine.quantize_int(y, torch.tensor(scale, dtype=torch.float64, device=y.device),
-                                  torch.tensor(zero_point, device=y.device), qd.qmin, qd.qmax,
-                                  qd.storage_dtype, mode=affine.quantize_mode(qd, False))
+        out = ops_quantize.quantize_per_tensor(y, scale, zero_point, qd)
         return QTensor.from_int_per_tensor(out, scale, zero_point, qd)
 
 
