@@ -382,3 +382,21 @@ def test_compile_and_export_dequantize():
 
     ep = torch.export.export(M(), (q,))
     assert torch.equal(ep.module()(q), t.dequantize().relu())
+
+
+@pytest.mark.parametrize("spelling", ["torch.relu", "F.relu", "Tensor.relu", "nn.ReLU",
+                                      "F.relu inplace", "nn.ReLU inplace"])
+def test_relu_spellings_match_torch(spelling):
+    """Every way to write relu on a quantized tensor gives torch's integers (the torch-level
+    entry and the aten one share one handler); the in-place forms write into the input."""
+    x = torch.randn(4, 6)
+    theirs = torch.relu(torch.quantize_per_tensor(x, 0.05, 70, torch.quint8)).int_repr()
+    q = tq.quantize_per_tensor(x, 0.05, 70, tq.quint8)
+    run = {"torch.relu": torch.relu, "F.relu": torch.nn.functional.relu,
+           "Tensor.relu": lambda t: t.relu(), "nn.ReLU": torch.nn.ReLU(),
+           "F.relu inplace": lambda t: torch.nn.functional.relu(t, inplace=True),
+           "nn.ReLU inplace": torch.nn.ReLU(inplace=True)}[spelling]
+    out = run(q)
+    assert torch.equal(out.int_repr(), theirs)
+    if "inplace" in spelling:
+        assert out is q

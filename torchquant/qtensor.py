@@ -54,8 +54,6 @@ class QTensor(torch.Tensor):
         handler = _FUNCTIONS.get(func)
         if handler is not None:
             return handler(*args, **(kwargs or {}))
-        if func in _TRACED_FUNCTIONS and args and _traced_per_tensor(args[0]):
-            return _TRACED_FUNCTIONS[func](*args, **(kwargs or {}))
         if func in _LAYOUT_FUNCTIONS and args and _traced_per_tensor(args[0]):
             # While traced, a per-tensor QTensor's layout ops act on its integers directly:
             # export's and dynamo's tracers do not re-dispatch these to __torch_dispatch__.
@@ -719,19 +717,19 @@ def _relu(func, q):
     return q._with(vals)
 
 
-# Functions whose aten op a tracer would not re-dispatch to a QTensor created in the graph:
-# while traced they run their integer handler directly (eager goes the usual way).
-_TRACED_FUNCTIONS: dict[Any, Callable] = {
-    f: (lambda q, inplace=False: _relu(None, q))
-    for f in (torch.relu, torch.Tensor.relu, torch.nn.functional.relu)
-}
-
-
 @_implements(aten.relu_.default)
 def _relu_(func, q):
     out = _relu(func, q)
     q.int_data.copy_(out.int_data)
     return q
+
+
+@_implements_function(torch.relu, torch.Tensor.relu, torch.nn.functional.relu)
+def _relu_function(input, inplace=False):
+    """relu taken at the torch-function level (nn.ReLU calls F.relu): the same integer
+    handler, without the dispatch round trip -- which export's and dynamo's tracers would not
+    make for a QTensor built in the graph."""
+    return _relu_(None, input) if inplace else _relu(None, input)
 
 
 def _cat_inputs(tensors, what):

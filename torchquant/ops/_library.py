@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["NAMESPACE", "traced", "PackCache"]
+__all__ = ["NAMESPACE", "traced", "PackCache", "weight_qparams"]
 
 NAMESPACE = "torchquant"
 
@@ -23,6 +23,15 @@ def traced(*tensors: Optional[torch.Tensor]) -> bool:
     if torch.compiler.is_compiling():
         return True
     return any(t is not None and type(t) is not torch.Tensor for t in tensors)
+
+
+def weight_qparams(scale: torch.Tensor, zero_point: torch.Tensor,
+                   axis: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A packed weight's qparams as an op takes them: 0-d per tensor (a packed weight may hold
+    a 1-element tensor), 1-d per channel -- the rank tells the op which."""
+    if axis is None:
+        return scale.reshape(()), zero_point.reshape(())
+    return scale, zero_point
 
 
 class PackCache:

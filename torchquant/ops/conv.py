@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..kernels import conv as _k
 from ..kernels.conv import PackedConvWeight, pack_conv_weight
-from ._library import PackCache, traced
+from ._library import PackCache, traced, weight_qparams
 
 __all__ = ["conv", "conv_transpose", "PackedConvWeight", "pack_conv_weight"]
 
@@ -36,10 +36,8 @@ _PACKS = PackCache(_pack)
 
 
 def _graph_weight(p: PackedConvWeight) -> tuple:
-    scale, zero_point = p.weight_scale, p.weight_zero_point
-    if p.axis is None:
-        scale, zero_point = scale.reshape(()), zero_point.reshape(())
-    return p.weight, scale, zero_point, p.bias, 0 if p.axis is None else p.axis
+    return (p.weight, *weight_qparams(p.weight_scale, p.weight_zero_point, p.axis), p.bias,
+            0 if p.axis is None else p.axis)
 
 
 @torch.library.custom_op("torchquant::conv", mutates_args=())

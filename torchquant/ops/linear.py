@@ -16,7 +16,7 @@ import torch
 from .. import dtypes as _dt
 from ..kernels import linear as _k
 from ..kernels.linear import PackedLinearWeight, pack_linear_weight
-from ._library import PackCache, traced
+from ._library import PackCache, traced, weight_qparams
 
 __all__ = ["linear", "linear_float_out", "linear_dynamic", "linear_per_token_dynamic",
            "pack_linear", "pack_linear_weight", "PackedLinearWeight"]
@@ -36,10 +36,9 @@ _PACKS = PackCache(pack_linear)
 
 
 def _graph_args(packed: PackedLinearWeight) -> tuple:
-    scale, zero_point = packed.weight_scale, packed.weight_zero_point
-    if packed.axis is None:
-        scale, zero_point = scale.reshape(()), zero_point.reshape(())
-    return packed.weight, scale, zero_point, packed.bias
+    return (packed.weight,
+            *weight_qparams(packed.weight_scale, packed.weight_zero_point, packed.axis),
+            packed.bias)
 
 
 # ---- static ----------------------------------------------------------------------------------
