@@ -25,7 +25,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-__all__ = ["lane_count", "tail_ranges", "suggested_format", "dense_layout", "apply"]
+__all__ = ["lane_count", "tail_ranges", "tail_free", "suggested_format",
+           "dense_views", "dense_layout", "apply"]
 
 _X86 = ("x86_64", "amd64", "i386", "i686", "x86")
 _GRAIN_SIZE = 32768  # ATen's grain size for splitting a TensorIterator loop across threads
@@ -41,23 +42,42 @@ def lane_count(storage_dtype: torch.dtype) -> int:
     return 2 * vector_bytes // torch.empty((), dtype=storage_dtype).element_size()
 
 
-def _chunks(numel: int) -> list[tuple[int, int]]:
-    """How ATen's parallel_for splits a flat loop of ``numel`` elements across threads."""
-    threads = torch.get_num_threads()
+def _chunks(numel: int, threads: Optional[int] = None) -> list[tuple[int, int]]:
+    """How ATen's parallel_for splits a flat loop of ``numel`` elements across ``threads``
+    (default: torch's current number of threads)."""
+    threads = torch.get_num_threads() if threads is None else threads
     if numel < _GRAIN_SIZE or threads == 1:
         return [(0, numel)]
     chunk = math.ceil(numel / min(threads, math.ceil(numel / _GRAIN_SIZE)))
     return [(begin, min(begin + chunk, numel)) for begin in range(0, numel, chunk)]
 
 
-def tail_ranges(numel: int, lanes: int) -> list[tuple[int, int]]:
-    """``[start, end)`` ranges of one flat loop of ``numel`` elements run by the scalar lambda."""
+def tail_ranges(numel: int, lanes: int,
+                threads: Optional[int] = None) -> list[tuple[int, int]]:
+    """``[start, end)`` ranges of one flat loop of ``numel`` elements run by the scalar lambda
+    (with ``threads`` threads; default: torch's current number)."""
     ranges = []
-    for begin, end in _chunks(numel):
+    for begin, end in _chunks(numel, threads):
         tail = begin + (end - begin) // lanes * lanes
         if tail < end:
             ranges.append((tail, end))
     return ranges
+
+
+def tail_free(numel: int, lanes: int, max_threads: int) -> bool:
+    """Whether a flat loop of ``numel`` elements has no scalar tail with any of 1..``max_threads``
+    threads (its result then does not depend on the thread count).  Integer arithmetic only, so
+    dynamo evaluates it on symbolic sizes too (as guards)."""
+    if numel % lanes:
+        return False
+    for threads in range(2, max_threads + 1):
+        if numel < _GRAIN_SIZE:
+            break
+        parts = min(threads, -(-numel // _GRAIN_SIZE))
+        chunk = -(-numel // parts)
+        if chunk % lanes:  # (then the last chunk, numel minus whole chunks, is whole too)
+            return False
+    return True
 
 
 def _tail_mask(numel: int, row: int, lanes: int, device: torch.device) -> torch.Tensor:
@@ -91,11 +111,11 @@ def _order(strides: Sequence[int], sizes: Sequence[int]) -> list[int]:
     return sorted(range(len(sizes)), key=lambda d: (-strides[d], -sizes[d]))
 
 
-def dense_layout(inputs: Sequence[torch.Tensor], lanes: int,
-                 output_format: torch.memory_format) -> Optional[tuple[Callable, Callable]]:
-    """``(to_flat, from_flat)`` views for the common case -- every operand dense in
-    ``output_format`` (contiguous or channels-last) and no thread chunk with a remainder, so
-    every element takes the vector path -- or None where the general walk is needed."""
+def dense_views(inputs: Sequence[torch.Tensor],
+                output_format: torch.memory_format) -> Optional[tuple[Callable, Callable]]:
+    """``(to_flat, from_flat)`` views where every operand is dense in ``output_format``
+    (contiguous or 4-d channels-last), so one flat loop walks them all in memory order; else
+    None."""
     first = inputs[0]
     if output_format == torch.contiguous_format:
         if not all(t.is_contiguous() for t in inputs):
@@ -111,9 +131,18 @@ def dense_layout(inputs: Sequence[torch.Tensor], lanes: int,
         from_flat = lambda flat: flat.view(n, h, w, c).permute(0, 3, 1, 2)  # noqa: E731
     else:
         return None
-    if tail_ranges(first.numel(), lanes):
-        return None
     return to_flat, from_flat
+
+
+def dense_layout(inputs: Sequence[torch.Tensor], lanes: int,
+                 output_format: torch.memory_format) -> Optional[tuple[Callable, Callable]]:
+    """:func:`dense_views` for the common case -- every operand dense in ``output_format`` and
+    no thread chunk with a remainder, so every element takes the vector path -- or None where
+    the general walk is needed."""
+    views = dense_views(inputs, output_format)
+    if views is None or tail_ranges(inputs[0].numel(), lanes):
+        return None
+    return views
 
 
 def apply(inputs: Sequence[torch.Tensor], vector_fn: Callable[..., torch.Tensor],

@@ -24,7 +24,7 @@ from .. import affine, kernels
 from ..kernels import cpu_compiled
 from .. import dtypes as _dt
 from ._library import traced
-from . import _lanes
+from . import _lanes, compile_lowering
 
 __all__ = ["add", "mul", "add_scalar", "add_scalar_qparams", "mul_scalar",
            "mul_scalar_qparams", "cat", "matmul", "prelu"]
@@ -139,6 +139,11 @@ def add(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: fl
     """The integers of ``quantize(relu?(a_hat + b_hat))`` (broadcasting as torch) for two
     per-tensor quantized operands of ``qdtype`` (the output's too)."""
     if traced(a, b):
+        if compile_lowering.active():
+            lowered = compile_lowering.add(a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp,
+                                           qdtype, relu)
+            if lowered is not None:
+                return lowered
         return torch.ops.torchquant.add(a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp,
                                         qdtype.name, "relu" if relu else "none")
     return _add(a, a_scale, a_zp, b, b_scale, b_zp, out_scale, out_zp, qdtype, relu)

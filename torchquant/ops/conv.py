@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from ..kernels import conv as _k
 from ..kernels.conv import PackedConvWeight, pack_conv_weight
+from . import compile_lowering
 from ._library import PackCache, traced, weight_qparams
 
 __all__ = ["conv", "conv_transpose", "PackedConvWeight", "pack_conv_weight"]
@@ -75,6 +76,11 @@ def conv(x: torch.Tensor, x_scale: float, x_zero_point: int, packed: PackedConvW
     """``quantize(relu?(conv(x_hat, w_hat, bias)))`` with the geometry the weight was packed
     for; ``x`` holds quint8 values ``[N, C, *spatial]``."""
     if traced(x):
+        if compile_lowering.active():
+            lowered = compile_lowering.conv(x, x_scale, x_zero_point, packed, out_scale,
+                                            out_zero_point, relu)
+            if lowered is not None:
+                return lowered
         return torch.ops.torchquant.conv(
             x, x_scale, x_zero_point, *_graph_weight(packed), list(packed.stride),
             list(packed.padding), list(packed.dilation), packed.groups, out_scale,

@@ -1,0 +1,168 @@
+"""What ``torch.compile`` sees of a converted model: ops lowered into pieces inductor can fuse.
+
+``torch.export`` keeps one ``torch.ops.torchquant.*`` node per quantized computation (a graph
+other tools read).  Under ``torch.compile`` that would be a chain of opaque calls, each paying
+the dispatcher and materialising its integers, with nothing for inductor to fuse.  So while
+dynamo compiles (and does not export), the ops below emit instead:
+
+* ``add`` (+ReLU) where every element takes torch's vector path whatever the thread count
+  (same-shaped dense operands, see :mod:`._lanes`): the vector formula itself, as plain torch
+  ops with explicit fused multiply-adds.
+* ``conv`` on CPUs whose oneDNN saturates u8 x s8 pairs (AVX2): the split of the input into
+  ``x & 127`` and ``x >> 7``, one opaque op for the two exact oneDNN convs
+  (``torchquant::conv_halves_float``), then ReLU and the requantization as plain torch ops.
+  Eager mode splits only inputs above 128 (it measures ``x.max()`` per call); a compiled graph
+  splits always, which gives the same integers (split and single call agree where both apply,
+  tested) and lets inductor fuse the split, the requantization and the residual add between
+  two convs into one loop.
+
+The lowered formulas are the references' (``kernels.reference``) with ``prims.fma`` where
+those use a fused multiply-add, so the compiled integers equal eager mode's bit for bit.  Their
+rounding depends on inductor not rewriting float arithmetic: lowering is skipped (the opaque
+ops run) when the user's inductor config turns on unsafe math or floating-point contraction.
+``TORCHQUANT_COMPILE_LOWERING=0`` turns lowering off.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from .. import affine
+from .. import dtypes as _dt
+from ..kernels import conv as _kconv
+from ..kernels.linear import onednn_u8_exact_max, onednn_u8s8_exact
+from ..kernels.reference import add_formula, quantize_formula
+from . import _lanes
+from ._library import PackCache, weight_qparams
+
+__all__ = ["active", "conv", "add"]
+
+# Thread counts a compiled add must give the same integers for (torch.set_num_threads may
+# change between calls; dynamo does not guard on it).
+_MAX_THREADS = max(os.cpu_count() or 1, torch.get_num_threads())
+
+@torch.compiler.assume_constant_result
+def _enabled() -> bool:
+    if os.environ.get("TORCHQUANT_COMPILE_LOWERING", "1").strip() == "0":
+        return False
+    import torch._inductor.config as config
+    return (not config.cpp.enable_unsafe_math_opt_flag
+            and config.cpp.enable_floating_point_contract_flag in ("off", False))
+
+
+@torch.compiler.assume_constant_result
+def _split_cpu() -> bool:
+    """oneDNN runs here but saturates u8 x s8 pairs above 128 (measured once)."""
+    return onednn_u8_exact_max() >= 0 and not onednn_u8s8_exact()
+
+
+def active() -> bool:
+    """Whether the current trace is a ``torch.compile`` (not an export) that lowers."""
+    return (torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+            and _enabled())
+
+
+def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    import torch._inductor.inductor_prims  # noqa: F401  (defines prims.fma)
+    return torch.ops.prims.fma(a, b, c)
+
+
+def _f32_tensor(value: float, device: torch.device) -> torch.Tensor:
+    return torch.tensor(affine._f32(value), dtype=torch.float32, device=device)
+
+
+def _inv_scale(scale: float) -> float:
+    """:func:`affine.inv_scale_f32` of a Python scale, as a Python number (the float32 quotient
+    of float32 operands is the float32 rounding of their exact double quotient)."""
+    return affine._f32(1.0 / affine._f32(scale))
+
+
+# ---- conv on saturating CPUs -----------------------------------------------------------------
+
+def _pack(weight, weight_scale, weight_zero_point, bias, weight_axis, stride, padding, dilation,
+          groups):
+    axis = None if weight_scale.dim() == 0 else weight_axis
+    return _kconv.pack_conv_weight(weight, weight_scale, weight_zero_point, axis, bias, stride,
+                                   padding, dilation, groups)
+
+
+_PACKS = PackCache(_pack)
+
+
+@torch.library.custom_op("torchquant::conv_halves_float", mutates_args=())
+def _conv_halves_float_op(lo: torch.Tensor, hi: torch.Tensor, x_scale: float,
+                          x_zero_point: int, weight: torch.Tensor, weight_scale: torch.Tensor,
+                          weight_zero_point: torch.Tensor, bias: Optional[torch.Tensor],
+                          weight_axis: int, stride: list[int], padding: list[int],
+                          dilation: list[int], groups: int) -> torch.Tensor:
+    packed = _PACKS.get(weight, weight_scale, weight_zero_point, bias, weight_axis,
+                        tuple(stride), tuple(padding), tuple(dilation), groups)
+    return _kconv.conv_halves_float(lo, hi, x_scale, x_zero_point, packed)
+
+
+@_conv_halves_float_op.register_fake
+def _(lo, hi, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, bias, weight_axis,
+      stride, padding, dilation, groups):
+    y = _kconv._FLOAT_CONV[weight.dim() - 2](
+        torch.empty_like(lo, dtype=torch.float32), torch.empty_like(weight, dtype=torch.float32),
+        None, stride, padding, dilation, groups)
+    layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(y.dim(),
+                                                                     torch.contiguous_format)
+    return torch.empty(y.shape, dtype=torch.float32, device=lo.device).contiguous(
+        memory_format=layout)
+
+
+def conv(x: torch.Tensor, x_scale: float, x_zero_point: int, packed: _kconv.PackedConvWeight,
+         out_scale: float, out_zero_point: int, relu: bool) -> Optional[torch.Tensor]:
+    """The lowered quint8 conv, or None where the opaque op is the lowering (the CPU is exact,
+    or the eager path would not run oneDNN)."""
+    if (not _split_cpu() or packed.onednn_weight is None or packed.transposed
+            or x.dtype != torch.uint8 or x.device.type != "cpu"):
+        return None
+    lo = torch.bitwise_and(x, 127)
+    hi = torch.bitwise_right_shift(x, 7)
+    y = torch.ops.torchquant.conv_halves_float(
+        lo, hi, float(x_scale), int(x_zero_point), packed.weight,
+        *weight_qparams(packed.weight_scale, packed.weight_zero_point, packed.axis),
+        packed.bias, 0 if packed.axis is None else packed.axis, list(packed.stride),
+        list(packed.padding), list(packed.dilation), packed.groups)
+    if relu:
+        y = torch.relu(y)
+    mode = affine.quantize_mode(_dt.quint8, per_channel=False)
+    out = quantize_formula(y, _f32_tensor(_inv_scale(out_scale), x.device),
+                           _f32_tensor(float(out_zero_point), x.device), _dt.quint8.qmin,
+                           _dt.quint8.qmax, torch.uint8, mode, fma=_fma)
+    layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(out.dim(),
+                                                                     torch.contiguous_format)
+    return out.contiguous(memory_format=layout)
+
+
+# ---- add -------------------------------------------------------------------------------------
+
+def _vector_only(a: torch.Tensor, b: torch.Tensor, qdtype: _dt.QDType) -> bool:
+    """Every element of ``a + b`` takes torch's vector path with any number of threads up to
+    the machine's cores (dynamo guards the compiled graph on the sizes this checks)."""
+    if a.shape != b.shape or a.stride() != b.stride() or a.device.type != "cpu":
+        return False
+    lanes = _lanes.lane_count(qdtype.storage_dtype)
+    if _lanes.dense_views([a, b], _lanes.suggested_format(a)) is None:
+        return False
+    return _lanes.tail_free(a.numel(), lanes, _MAX_THREADS)
+
+
+def add(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: float, b_zp: int,
+        out_scale: float, out_zp: int, qdtype: _dt.QDType,
+        relu: bool) -> Optional[torch.Tensor]:
+    """The lowered quantized add, or None where torch's scalar tail would round some elements
+    (the opaque op reproduces it)."""
+    if not _vector_only(a, b, qdtype):
+        return None
+    device = a.device
+    a_s, b_s = affine._f32(a_scale), affine._f32(b_scale)
+    operands = (_f32_tensor(a_s, device), _f32_tensor(a_s * -float(a_zp), device),
+                _f32_tensor(b_s, device), _f32_tensor(b_s * -float(b_zp), device),
+                _f32_tensor(_inv_scale(out_scale), device), _f32_tensor(float(out_zp), device))
+    return add_formula(a, b, *operands, qdtype.qmin, qdtype.qmax, qdtype.storage_dtype, relu,
+                       fma=_fma)
