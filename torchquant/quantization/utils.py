@@ -11,7 +11,7 @@ import torch
 
 from .. import dtypes as _dt
 from ..affine import calculate_qmin_qmax, check_min_max_valid, choose_qparams, validate_qmin_qmax
-from .observer import PlaceholderObserver, is_per_channel, is_per_tensor
+from .observer import PlaceholderObserver, is_per_channel, is_per_tensor  # is_per_*: observer uses them
 from .quant_type import QuantType
 
 __all__ = [
