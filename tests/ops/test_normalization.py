@@ -6,7 +6,6 @@ import torch
 import torch.nn as nn
 
 import torchquant as tq
-# nn.quantized before quantization: importing nn.quantizable first is a circular import
 import torchquant.nn.quantized as tqnnq
 import torchquant.quantization as tqq
 from torchquant.ops import normalization as ops_norm

@@ -81,8 +81,11 @@ def pair(model_cls, seed=0):
 
 
 def type_names(model):
+    """(name, class name) of the model's modules, leaving out the workflow's own (observers,
+    fake quants, stubs: torchquant defines its stubs in nn.stubs)."""
+    workflow = ("torch.ao.quantization", "torchquant.quantization", "torchquant.nn.stubs")
     return [(name, type(m).__name__) for name, m in model.named_modules()
-            if not type(m).__module__.startswith(("torch.ao.quantization", "torchquant.quantization"))
+            if not type(m).__module__.startswith(workflow)
             and name and "_packed_params" not in name and "activation_post_process" not in name]
 
 

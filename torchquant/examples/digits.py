@@ -15,6 +15,10 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from .. import quantization as _torchquant_quantization
+from ..nn.intrinsic.qat import freeze_bn_stats as _freeze_bn_stats
+from ..quantization import DeQuantStub, QuantStub
+
 CACHE_VERSION = 1
 SEED = 0
 
@@ -29,7 +33,6 @@ class DigitsCNN(nn.Module):
     def __init__(self, stubs: Optional[tuple[Callable[[], nn.Module], Callable[[], nn.Module]]] = None):
         super().__init__()
         if stubs is None:
-            from ..quantization import DeQuantStub, QuantStub
             stubs = (QuantStub, DeQuantStub)
         self.quant = stubs[0]()
         self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
@@ -121,9 +124,7 @@ def trained_float_model(data=None, use_cache: bool = True) -> DigitsCNN:
 
 
 def _lib(lib):
-    if lib is None:
-        from .. import quantization as lib
-    return lib
+    return _torchquant_quantization if lib is None else lib
 
 
 def static_ptq(float_model: nn.Module, calibration: torch.Tensor, backend: str = "x86",
@@ -148,7 +149,7 @@ def qat(float_model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int = 
     (BN statistics frozen for the last epoch), convert."""
     tq = _lib(lib)
     if freeze_bn_stats is None:
-        from ..nn.intrinsic.qat import freeze_bn_stats
+        freeze_bn_stats = _freeze_bn_stats
     model = copy.deepcopy(float_model).train()
     model = tq.fuse_modules_qat(model, FUSE_PATTERNS)
     model.qconfig = tq.get_default_qat_qconfig(backend)

@@ -11,10 +11,11 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..nn.quantized import FloatFunctional
+from ..quantization import DeQuantStub, QuantStub
+
 
 def torchquant_ops() -> SimpleNamespace:
-    from ..nn.quantized import FloatFunctional
-    from ..quantization import DeQuantStub, QuantStub
     return SimpleNamespace(QuantStub=QuantStub, DeQuantStub=DeQuantStub,
                            FloatFunctional=FloatFunctional)
 

@@ -22,8 +22,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from . import get, register
-from . import mode as kernel_mode
+from .registry import get, register
+from .registry import mode as kernel_mode
 from .. import affine
 from .. import dtypes as _dt
 from .linear import (Scalar, activation_qdtype, check_bias, check_weight_qparams,

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import register
+from .registry import register
 from .reference import add_formula, dequantize_formula, fake_quantize_formula, quantize_formula
 
 log = logging.getLogger("torchquant")

@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from . import register
+from .registry import get, register
 
 __all__ = ["PackedEmbeddingWeight", "pack_embedding_weight", "embedding_lookup",
            "embedding_bag", "MODES"]
@@ -145,7 +145,6 @@ def _lookup_addcmul(packed: PackedEmbeddingWeight, indices: torch.Tensor) -> tor
 def embedding_lookup(packed: PackedEmbeddingWeight, indices: torch.Tensor) -> torch.Tensor:
     """``out[..., :] = row(indices[...])`` as float32 (torch's ``quantized::embedding_byte`` /
     ``embedding_4bit`` numerics); ``indices`` int32/int64 of any shape."""
-    from . import get
     check_indices(indices, packed.num_embeddings, "embedding")
     return get("embedding_lookup", packed.values)(packed, indices)
 
@@ -284,7 +283,6 @@ def embedding_bag(packed: PackedEmbeddingWeight, indices: torch.Tensor,
     bag's length and 'max' the elementwise maximum of the rows; entries equal to
     ``padding_idx`` are skipped and not counted, as ``torch.nn.functional.embedding_bag``.
     """
-    from . import get
     if mode not in MODES:
         raise ValueError(f"quantized.embedding_bag: mode must be one of {MODES}, got {mode!r}")
     check_indices(indices, packed.num_embeddings, "embedding_bag")

@@ -30,7 +30,9 @@ from typing import Any, Callable, Optional, Union
 import torch
 import torch.nn.functional as F
 
-from . import get, register
+from . import cpu_compiled
+from .reference import quantize_formula
+from .registry import get, mode, register
 from .. import affine
 from .. import dtypes as _dt
 
@@ -610,7 +612,6 @@ FUSED_DYNAMIC_MIN_NUMEL = 1 << 14
 def _per_token_rows_u8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """torchao's per-token int8 integers, shifted by +128 into uint8 (oneDNN takes u8
     activations; a zero point of 128 undoes the shift exactly), and the row scales."""
-    from .reference import quantize_formula
     scale = _per_token_scale(x)
     inv = affine.inv_scale_f32(scale).unsqueeze(1)
     x_q = quantize_formula(x, inv, torch.zeros_like(inv), PER_TOKEN_QMIN, PER_TOKEN_QMAX,
@@ -628,11 +629,9 @@ def _per_token_fast(x2d: torch.Tensor, packed: PackedLinearWeight,
 
     The shifted rows span 1..255: on CPUs where oneDNN saturates int16 pairs above 128
     (:func:`onednn_u8_exact_max` < 255) they go through :func:`onednn_split_linear`."""
-    from . import mode
     if (mode() == "reference" or torch.compiler.is_compiling() or x2d.device.type != "cpu"
             or packed.onednn_weight is None or x2d.size(0) < ONEDNN_MIN_ROWS):
         return None
-    from . import cpu_compiled
     x2d = x2d.contiguous()
     kernel = (cpu_compiled.compiled("per_token_rows_u8", (x2d,), _per_token_rows_u8)
               if x2d.numel() >= FUSED_DYNAMIC_MIN_NUMEL else None)

@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from . import register
+from .registry import register
 from ..affine import FMA, MUL_ADD, ROUND_ADD
 
 

@@ -32,6 +32,7 @@ import torch
 
 from .. import affine
 from .. import dtypes as _dt
+from ._partial_wrapper import _with_args
 from .granularity import Granularity, MappingType, TorchAODType, ZeroPointDomain, get_block_size
 
 __all__ = [
@@ -360,7 +361,6 @@ class AffineQuantizedObserverBase(abc.ABC, torch.nn.Module):
     @classmethod
     def with_args(cls, **kwargs: Any):
         """A factory (``_PartialWrapper``) building this observer with ``kwargs``."""
-        from .observer import _with_args
         return _with_args(cls, **kwargs)
 
     @abc.abstractmethod

@@ -22,11 +22,13 @@ from .observer import (
     HistogramObserver,
     MovingAverageMinMaxObserver,
     MovingAveragePerChannelMinMaxObserver,
+    _ActivationPostProcess,
     _with_args,
+    is_per_channel,
+    is_per_tensor,
     default_fixed_qparams_range_0to1_observer,
     default_fixed_qparams_range_neg1to1_observer,
 )
-from .utils import is_per_channel, is_per_tensor
 
 __all__ = [
     "FakeQuantizeBase", "FakeQuantize", "FixedQParamsFakeQuantize",
@@ -98,6 +100,9 @@ class FakeQuantizeBase(ABC, nn.Module):
     def with_args(cls, **kwargs: Any) -> Callable[..., "FakeQuantizeBase"]:
         """A factory for this class with ``kwargs`` bound (what qconfigs store)."""
         return _with_args(cls, **kwargs)
+
+
+_ActivationPostProcess.register(FakeQuantizeBase)
 
 
 class FakeQuantize(FakeQuantizeBase):

@@ -24,7 +24,6 @@ import math
 import struct
 import warnings
 from collections import OrderedDict
-from functools import partial
 from typing import Any, Callable, Optional
 
 import torch
@@ -38,7 +37,7 @@ from ..dtypes import (QDType, QScheme, per_channel_affine, per_channel_affine_fl
 from .affine_quantized import AffineQuantizedMinMaxObserver, AffineQuantizedObserverBase
 from .granularity import (Granularity, MappingType, PerAxis, PerBlock, PerGroup, PerRow,
                           PerTensor, PerToken, TorchAODType, ZeroPointDomain, get_block_size)
-from .utils import is_per_channel, is_per_tensor
+from ._partial_wrapper import _PartialWrapper, _with_args, _with_callable_args
 
 __all__ = [
     "default_affine_fixed_qparams_observer", "default_debug_observer",
@@ -59,46 +58,17 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------------------------
-# Factories: qconfigs store these, not observer instances
-# --------------------------------------------------------------------------------------------
-
-class _PartialWrapper:
-    """A reusable constructor: ``functools.partial`` plus keyword arguments produced by
-    zero-argument callables at construction time (so each instance gets fresh values)."""
-
-    def __init__(self, p: Callable[..., Any]) -> None:
-        self.p = p
-        self.callable_args: dict[str, Callable[[], Any]] = {}
-
-    def __call__(self, *args: Any, **keywords: Any) -> Any:
-        late = {name: make() for name, make in self.callable_args.items() if name not in keywords}
-        return self.p(*args, **late, **keywords)
-
-    def __repr__(self) -> str:
-        return repr(self.p) + repr(self.callable_args)
-
-    def with_args(self, **kwargs: Any) -> "_PartialWrapper":
-        return _with_args(self, **kwargs)
-
-    def with_callable_args(self, **kwargs: Callable[[], Any]) -> "_PartialWrapper":
-        wrapped = _PartialWrapper(self.p)
-        wrapped.callable_args = {**self.callable_args, **kwargs}
-        return wrapped
-
-
-def _with_args(cls_or_self: Any, **kwargs: Any) -> _PartialWrapper:
-    """Factory building ``cls_or_self(**kwargs)`` anew on every call."""
-    return _PartialWrapper(partial(cls_or_self, **kwargs))
-
-
-def _with_callable_args(cls_or_self: Any, **kwargs: Callable[[], Any]) -> _PartialWrapper:
-    """Factory whose keyword arguments are the results of calling ``kwargs``' values."""
-    return _PartialWrapper(partial(cls_or_self)).with_callable_args(**kwargs)
-
-
-# --------------------------------------------------------------------------------------------
 # Argument normalisation
 # --------------------------------------------------------------------------------------------
+
+def is_per_tensor(qscheme: Any) -> bool:
+    return qscheme == _dt.per_tensor_affine or qscheme == _dt.per_tensor_symmetric
+
+
+def is_per_channel(qscheme: Any) -> bool:
+    return qscheme in (_dt.per_channel_affine, _dt.per_channel_affine_float_qparams,
+                       _dt.per_channel_symmetric)
+
 
 def _normalise_dtype(dtype: Any) -> Any:
     return _dt.to_qdtype(dtype) if _dt.is_qdtype_like(dtype) else dtype
@@ -883,10 +853,19 @@ class ReuseInputObserver(ObserverBase):
 # Observer state of a whole model
 # --------------------------------------------------------------------------------------------
 
+class _ActivationPostProcess(abc.ABC):
+    """What prepare inserts: observers and fake-quantize modules.  An ABC to register with
+    rather than a base class: :mod:`.fake_quantize` builds on this module and registers
+    ``FakeQuantizeBase`` itself."""
+
+
+_ActivationPostProcess.register(ObserverBase)
+_ActivationPostProcess.register(AffineQuantizedObserverBase)
+
+
 def _is_activation_post_process(module: nn.Module) -> bool:
     """True for observers and fake-quantize modules (what prepare inserts)."""
-    from .fake_quantize import FakeQuantizeBase  # it imports this module: import at call time
-    return isinstance(module, (ObserverBase, AffineQuantizedObserverBase, FakeQuantizeBase))
+    return isinstance(module, _ActivationPostProcess)
 
 
 def get_observer_state_dict(mod: nn.Module) -> "OrderedDict[str, torch.Tensor]":

@@ -18,10 +18,17 @@ import torch
 from torch import nn
 
 from .. import dtypes as _dt
+from ..nn import _workflow
+from ..nn import quantizable as nnqa
+from ..nn import quantized as nnq
 from ..nn.intrinsic.modules.fused import _FusedModule
+from ..nn.quantized.modules.functional_modules import FloatFunctional, QFunctional
 from . import summary as _summary
-from .qconfig import (QConfig, float16_dynamic_qconfig, float_qparams_weight_only_qconfig,
-                      float_qparams_weight_only_qconfig_4bit, default_dynamic_qconfig)
+from .fake_quantize import FakeQuantizeBase
+from .observer import ObserverBase
+from .qconfig import (QConfig, _activation_is_memoryless, default_dynamic_qconfig,
+                      float16_dynamic_qconfig, float_qparams_weight_only_qconfig,
+                      float_qparams_weight_only_qconfig_4bit)
 from .quantization_mappings import (_get_special_act_post_process,
                                     _has_special_act_post_process,
                                     get_default_dynamic_quant_module_mappings,
@@ -31,6 +38,7 @@ from .quantization_mappings import (_get_special_act_post_process,
                                     get_default_static_quant_reference_module_mappings,
                                     no_observer_set)
 from .stubs import DeQuantStub, QuantWrapper
+from .utils import get_qparam_dict, progress_bar
 
 __all__ = ["get_default_custom_config_dict", "propagate_qconfig_", "add_quant_dequant",
            "prepare", "quantize", "quantize_dynamic", "prepare_qat", "quantize_qat", "convert",
@@ -39,18 +47,11 @@ __all__ = ["get_default_custom_config_dict", "propagate_qconfig_", "add_quant_de
 
 def get_default_custom_config_dict() -> dict:
     """The custom-module classes torchquant registers by default (the quantizable LSTM/MHA)."""
-    try:
-        from ..nn import quantizable as nnqa
-    except ImportError:
-        return {"float_to_observed_custom_module_class": {},
-                "observed_to_quantized_custom_module_class": {}}
-    from ..nn.quantized import modules as _  # noqa: F401
     return {
         "float_to_observed_custom_module_class": {
             nn.LSTM: nnqa.LSTM, nn.MultiheadAttention: nnqa.MultiheadAttention},
         "observed_to_quantized_custom_module_class": {
-            nnqa.LSTM: nnqa.LSTM.quantized_class(), nnqa.MultiheadAttention:
-                nnqa.MultiheadAttention.quantized_class()},
+            nnqa.LSTM: nnq.LSTM, nnqa.MultiheadAttention: nnq.MultiheadAttention},
     }
 
 
@@ -143,7 +144,6 @@ def _is_leaf(m: nn.Module) -> bool:
 
 def _add_observers(module: nn.Module, propagation: set, non_leaf: Optional[set],
                    device: Optional[torch.device], custom_map: dict, prefix: str = "") -> None:
-    from ..nn.quantized.modules.functional_modules import FloatFunctional, QFunctional
     for name, child in list(module.named_children()):
         qual = f"{prefix}.{name}" if prefix else name
         if type(child) in (FloatFunctional, QFunctional):
@@ -208,8 +208,6 @@ def prepare(model: nn.Module, inplace: bool = False, allow_list: Optional[set] =
 
 
 def _remove_activation_post_process(module: nn.Module) -> None:
-    from .fake_quantize import FakeQuantizeBase
-    from .observer import ObserverBase
     if isinstance(getattr(module, "activation_post_process", None),
                   (ObserverBase, FakeQuantizeBase)):
         delattr(module, "activation_post_process")
@@ -407,7 +405,6 @@ def swap_module(mod: nn.Module, mapping: dict, custom_module_class_mapping: dict
         if getattr(target, "_IS_REFERENCE", False):
             weight_observer = mod.qconfig.weight()
             weight_observer(mod.weight)
-            from .utils import get_qparam_dict
             new_mod = target.from_float(mod, get_qparam_dict(weight_observer))
         else:
             _check_prepared(mod, target, _name)
@@ -456,7 +453,14 @@ def default_eval_fn(model: nn.Module, calib_data: Iterable, progress: Optional[b
                     ) -> None:
     """Run ``model`` on every ``(data, target)`` of ``calib_data`` (targets ignored), with a
     progress bar when stderr is a terminal (``progress=False`` silences it)."""
-    from .utils import progress_bar
     with torch.no_grad():
         for data, _target in progress_bar(calib_data, "calibrating", progress):
             model(data)
+
+
+# nn's LSTM / MultiheadAttention / dynamic Linear / Embedding call back into the workflow
+# (see torchquant.nn._workflow): hand it down now that it exists.
+_workflow.install(prepare=prepare, prepare_qat=prepare_qat, convert=convert,
+                  default_dynamic_qconfig=default_dynamic_qconfig,
+                  float_qparams_weight_only_qconfig=float_qparams_weight_only_qconfig,
+                  activation_is_memoryless=_activation_is_memoryless)

@@ -1,39 +1,18 @@
 """Marks where a float model's tensors enter and leave the quantized region (eager mode).
 
-Before ``convert`` they are identities (an observer gets attached to ``QuantStub``); ``convert``
-swaps them for ``nnq.Quantize`` / ``nnq.DeQuantize``."""
+``QuantStub`` / ``DeQuantStub`` are defined in :mod:`torchquant.nn.stubs` (nn's quantizable
+modules use them) and re-exported here under their torch path; ``QuantWrapper`` brackets a
+whole module with them."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
 
+from ..nn.stubs import DeQuantStub, QuantStub
+
 __all__ = ["QuantStub", "DeQuantStub", "QuantWrapper"]
-
-
-class QuantStub(nn.Module):
-    """Identity until converted; then quantizes with the qparams its observer calibrated."""
-
-    def __init__(self, qconfig: Optional[Any] = None) -> None:
-        super().__init__()
-        if qconfig:
-            self.qconfig = qconfig
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-
-class DeQuantStub(nn.Module):
-    """Identity until converted; then dequantizes back to float."""
-
-    def __init__(self, qconfig: Optional[Any] = None) -> None:
-        super().__init__()
-        if qconfig:
-            self.qconfig = qconfig
-
-    def forward(self, x: Any) -> Any:
-        return x
 
 
 class QuantWrapper(nn.Module):

@@ -13,6 +13,10 @@ from typing import Optional
 
 from torch import nn
 
+from ..nn.intrinsic.modules.fused import _FusedModule
+from .quantization_mappings import (get_default_dynamic_quant_module_mappings,
+                                    get_default_static_quant_module_mappings)
+
 __all__ = ["ModuleCoverage", "QuantizationSummary", "summary"]
 
 logger = logging.getLogger("torchquant")
@@ -91,7 +95,6 @@ def _units(model: nn.Module, prefix: str = ""):
         if _is_observer(child) or name == "_packed_params":
             continue
         state = _state(child)
-        from ..nn.intrinsic.modules.fused import _FusedModule
         if state is not None or isinstance(child, _FusedModule):
             yield qual, child, state or "float"
             continue
@@ -106,8 +109,6 @@ def _units(model: nn.Module, prefix: str = ""):
 
 
 def _has_counterpart(m: nn.Module) -> bool:
-    from .quantization_mappings import (get_default_dynamic_quant_module_mappings,
-                                        get_default_static_quant_module_mappings)
     return (type(m) in get_default_static_quant_module_mappings()
             or type(m) in get_default_dynamic_quant_module_mappings())
 

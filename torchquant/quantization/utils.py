@@ -11,6 +11,7 @@ import torch
 
 from .. import dtypes as _dt
 from ..affine import calculate_qmin_qmax, check_min_max_valid, choose_qparams, validate_qmin_qmax
+from .observer import PlaceholderObserver, is_per_channel, is_per_tensor  # is_per_*: observer uses them
 from .quant_type import QuantType
 
 __all__ = [
@@ -55,15 +56,6 @@ def determine_qparams(min_val: torch.Tensor, max_val: torch.Tensor, quant_min: i
     return scale.to(torch.float64), zero_point.to(torch.int64)
 
 
-def is_per_tensor(qscheme: Any) -> bool:
-    return qscheme == _dt.per_tensor_affine or qscheme == _dt.per_tensor_symmetric
-
-
-def is_per_channel(qscheme: Any) -> bool:
-    return qscheme in (_dt.per_channel_affine, _dt.per_channel_affine_float_qparams,
-                       _dt.per_channel_symmetric)
-
-
 def get_qparam_dict(observer_or_fake_quant: torch.nn.Module) -> dict[str, Any]:
     """The qparams a reference module stores (``weight_qparams``): qscheme, dtype, scale,
     zero_point, quant_min/quant_max and ``axis`` for per-channel.
@@ -71,8 +63,6 @@ def get_qparam_dict(observer_or_fake_quant: torch.nn.Module) -> dict[str, Any]:
     Symmetric schemes are reported as their affine counterparts because a quantized tensor only
     knows affine schemes.  Placeholder observers (no integer quantization) give only the dtype.
     """
-    from .observer import PlaceholderObserver
-
     qscheme = getattr(observer_or_fake_quant, "qscheme", None)
     dtype = observer_or_fake_quant.dtype
     if qscheme is None or isinstance(observer_or_fake_quant, PlaceholderObserver):

@@ -17,9 +17,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ....qtensor import QTensor
-from ....quantization.stubs import DeQuantStub, QuantStub
 from ....tensor_functions import quantize_per_tensor
-from ...quantized.modules.functional_modules import FloatFunctional
+from ... import _workflow
+from ...float_functional import FloatFunctional
+from ...stubs import DeQuantStub, QuantStub
 
 __all__ = ["MultiheadAttention"]
 
@@ -89,12 +90,6 @@ class MultiheadAttention(nn.MultiheadAttention):
 
     # ---- conversion -------------------------------------------------------------------------
     @classmethod
-    def quantized_class(cls) -> type:
-        """The static quantized class this observed module converts to."""
-        from ...quantized.modules.activation_mha import MultiheadAttention as QuantizedMHA
-        return QuantizedMHA
-
-    @classmethod
     def from_float(cls, other: nn.MultiheadAttention) -> "MultiheadAttention":
         """Observed copy of a float MHA (weights copied, dropout kept), prepared in eval mode."""
         if type(other) is not cls._FLOAT_MODULE:
@@ -132,8 +127,7 @@ class MultiheadAttention(nn.MultiheadAttention):
                     dst.copy_(src)
         observed.qconfig = other.qconfig
         observed.eval()
-        from ....quantization.quantize import prepare  # late: circular import
-        return prepare(observed, inplace=True)
+        return _workflow.prepare(observed, inplace=True)
 
     @classmethod
     def from_observed(cls, other: Any) -> Any:

@@ -20,7 +20,8 @@ from torch import Tensor, nn
 from .... import dtypes as _dt
 from ....qtensor import QTensor
 from ....tensor_functions import quantize_per_tensor
-from ...quantized.modules.functional_modules import FloatFunctional
+from ... import _workflow
+from ...float_functional import FloatFunctional
 
 __all__ = ["LSTMCell", "LSTM"]
 
@@ -378,12 +379,6 @@ class LSTM(nn.Module):
         return x, (h_n, c_n)
 
     @classmethod
-    def quantized_class(cls) -> type:
-        """The static quantized class this observed module converts to (``nnq.LSTM``)."""
-        from ...quantized.modules.rnn import LSTM as QuantizedLSTM
-        return QuantizedLSTM
-
-    @classmethod
     def from_float(cls, other: nn.LSTM, qconfig: Any = None, split_gates: bool = False
                    ) -> "LSTM":
         """Observed copy of a float ``nn.LSTM`` (weights copied), prepared for calibration
@@ -404,12 +399,11 @@ class LSTM(nn.Module):
             observed.layers[idx] = _LSTMLayer.from_float(other, idx, chosen, batch_first=False,
                                                          split_gates=split_gates)
         observed.to(next(other.parameters()).device)
-        from ....quantization.quantize import prepare, prepare_qat  # late: circular import
         if other.training:
             observed.train()
-            return prepare_qat(observed, inplace=True)
+            return _workflow.prepare_qat(observed, inplace=True)
         observed.eval()
-        return prepare(observed, inplace=True)
+        return _workflow.prepare(observed, inplace=True)
 
     @classmethod
     def from_observed(cls, other: Any) -> Any:

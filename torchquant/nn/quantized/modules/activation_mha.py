@@ -13,6 +13,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from ... import _workflow
 from ... import quantizable as _nnqa
 from .... import affine
 from .... import dtypes as _dt
@@ -85,8 +86,7 @@ class MultiheadAttention(_nnqa.MultiheadAttention):
         if not isinstance(other, cls._FLOAT_MODULE) or isinstance(other, cls):
             raise AssertionError(f"{cls.__name__}.from_observed expects an observed "
                                  f"{cls._FLOAT_MODULE.__name__}, got {type(other)}")
-        from ....quantization.quantize import convert  # late: circular import
-        converted = convert(other, mapping=None, inplace=False, remove_qconfig=True,
+        converted = _workflow.convert(other, mapping=None, inplace=False, remove_qconfig=True,
                             convert_custom_config_dict=None, _record=False)
         converted.__class__ = cls
         with torch.no_grad():

@@ -32,6 +32,8 @@ from .... import dtypes as _dt
 from ....kernels import embedding as _kemb
 from ....qtensor import QTensor
 from ....tensor_functions import quantize_per_channel
+from ... import _workflow
+from ...qat.modules.embedding_ops import Embedding as QATEmbedding
 from .utils import quantize_weight
 
 __all__ = ["EmbeddingPackedParams", "Embedding", "EmbeddingBag"]
@@ -173,8 +175,7 @@ def _weight_observer(cls: type, mod: nn.Module, float_type: type, qat_type: Opti
         if qconfig is not None and qconfig.weight is not None:
             observer = qconfig.weight()
         else:
-            from ....quantization.qconfig import float_qparams_weight_only_qconfig
-            observer = float_qparams_weight_only_qconfig.weight()
+            observer = _workflow.float_qparams_weight_only_qconfig().weight()
     if observer.qscheme != _dt.per_channel_affine_float_qparams:
         raise AssertionError(f"{what} quantization is only supported with "
                              "float_qparams_weight_only_qconfig.")
@@ -248,7 +249,6 @@ class Embedding(nn.Module):
     @classmethod
     def from_float(cls, mod: nn.Module, use_precomputed_fake_quant: bool = False) -> "Embedding":
         """Quantize a float ``nn.Embedding`` (with ``.qconfig``) or a QAT Embedding."""
-        from ...qat.modules.embedding_ops import Embedding as QATEmbedding
         observer, qdtype = _weight_observer(cls, mod, nn.Embedding, QATEmbedding)
         observer(mod.weight)
         qweight = quantize_weight(mod.weight.float(), observer)

@@ -16,6 +16,7 @@ from .... import dtypes as _dt
 from ....ops import linear as ops_linear
 from ....qtensor import QTensor
 from ...._validation import require_quantized
+from ...intrinsic.modules import fused as _fused
 from .utils import OutputQParams, observed_output_qparams, quantize_weight, weight_observer_of
 
 __all__ = ["LinearPackedParams", "Linear"]
@@ -182,7 +183,6 @@ class Linear(OutputQParams, torch.nn.Module):
     @classmethod
     def _float_linear(cls, mod: torch.nn.Module) -> torch.nn.Module:
         """The nn.Linear inside a float, fused or QAT module (ConvBn-style folding done)."""
-        from ...intrinsic.modules import fused as _fused  # late: nn.intrinsic imports us
         if isinstance(mod, _fused._FusedModule):
             return mod[0]
         return mod

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from torch import Tensor, nn
 
+from ... import _workflow
 from ...quantizable.modules import rnn as _qa_rnn
 from ...._validation import require_quantized
 from .functional_modules import FloatFunctional, QFunctional
@@ -59,7 +60,6 @@ class LSTM(_qa_rnn.LSTM):
         if not isinstance(other, cls._FLOAT_MODULE) or isinstance(other, cls):
             raise AssertionError(f"{cls.__name__}.from_observed expects an observed "
                                  f"{cls._FLOAT_MODULE.__name__}, got {type(other)}")
-        from ....quantization.quantize import convert  # late: circular import
-        converted = convert(other, inplace=False, remove_qconfig=True, _record=False)
+        converted = _workflow.convert(other, inplace=False, remove_qconfig=True, _record=False)
         converted.__class__ = cls
         return converted

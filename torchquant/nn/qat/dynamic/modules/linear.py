@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .... import _workflow
 from ...modules.linear import Linear as _QATLinear
 
 __all__ = ["Linear"]
@@ -16,8 +17,7 @@ class Linear(_QATLinear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  qconfig: Any = None, device: Any = None, dtype: Any = None) -> None:
         super().__init__(in_features, out_features, bias, qconfig, device, dtype)
-        from .....quantization.qconfig import _activation_is_memoryless
-        if not _activation_is_memoryless(qconfig):
+        if not _workflow.activation_is_memoryless(qconfig):
             raise ValueError("Dynamic QAT requires a memoryless observer."
                              "This means a MovingAverage observer with averaging constant "
                              "equal to 1")

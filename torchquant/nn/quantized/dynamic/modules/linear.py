@@ -29,7 +29,9 @@ from .....ops import linear as ops_linear
 from .....qtensor import QTensor
 from ...modules import linear as _nnq_linear
 from ...modules.utils import quantize_weight
+from .... import _workflow
 from ....intrinsic.modules import fused as _nni
+from ....qat.dynamic.modules.linear import Linear as _QATDynamicLinear
 
 __all__ = ["Linear"]
 
@@ -74,8 +76,7 @@ def dynamic_weight_observer(mod: torch.nn.Module) -> Any:
     qconfig = getattr(mod, "qconfig", None)
     if qconfig is not None and qconfig.weight is not None:
         return qconfig.weight()
-    from .....quantization.qconfig import default_dynamic_qconfig  # late: circular import
-    return default_dynamic_qconfig.weight()
+    return _workflow.default_dynamic_qconfig().weight()
 
 
 def quantize_dynamic_weight(weight: torch.Tensor, observer: Any,
@@ -195,9 +196,7 @@ class Linear(_nnq_linear.Linear):
     # ---- conversion ---------------------------------------------------------------------------
     @classmethod
     def _float_types(cls) -> tuple:
-        """The float module types ``from_float`` accepts (the dynamic QAT Linear is imported
-        late: the QAT package imports this one)."""
-        from ....qat.dynamic.modules.linear import Linear as _QATDynamicLinear
+        """The float module types ``from_float`` accepts."""
         return tuple(cls._FLOAT_MODULE) + (_QATDynamicLinear,)
 
     @classmethod
