@@ -216,16 +216,20 @@ class QTensor(torch.Tensor):
         return numbers
 
     def _replace_qparams(self, scale: torch.Tensor, zero_point: torch.Tensor,
-                         axis: Optional[int] = None) -> None:
+                         axis: Optional[int] = None,
+                         numbers: Optional[tuple[float, int]] = None) -> None:
         """Install a new qparams record, for the in-place ops whose output qparams differ from
         the input's (``hardsigmoid_``, ``copy_`` from another QTensor, ...).  The only way
         qparams change: scale, zero point and axis are replaced together and the cached
-        Python numbers of :meth:`_scale_zp` are dropped with them (the tensors themselves are
-        never modified -- they may be shared with other QTensors)."""
+        Python numbers of :meth:`_scale_zp` are replaced with them -- by ``numbers`` (the new
+        per-tensor qparams as Python numbers, where the caller has them) or dropped (the
+        tensors themselves are never modified -- they may be shared with other QTensors)."""
         self.scale = scale
         self.zero_point = zero_point
         self.axis = axis
         self.__dict__.pop("_numbers", None)
+        if numbers is not None and axis is None:
+            self._numbers = numbers
 
     def _need_per_tensor(self, what: str) -> None:
         if self.axis is not None:

@@ -127,7 +127,8 @@ class LeakyReLU(OutputQParams, torch.nn.LeakyReLU):
 
     def forward(self, input: QTensor) -> QTensor:
         q = require_quantized(input, "leaky_relu")
-        out = _pointwise.leaky_relu(q, self.negative_slope, *self._output_qparams())
+        out = _pointwise.leaky_relu(q, self.negative_slope, *self._output_qparams(),
+                                    layout="suggested")
         return _pointwise.store_inplace(q, out) if self.inplace else out
 
     def _get_name(self) -> str:
@@ -162,7 +163,7 @@ class Sigmoid(OutputQParams, torch.nn.Sigmoid):
 
     def forward(self, input: QTensor) -> QTensor:
         q = require_quantized(input, "sigmoid")
-        return _pointwise.map_dequantized(q, torch.sigmoid, *self._output_qparams())
+        return _pointwise.sigmoid(q, *self._output_qparams())
 
     def extra_repr(self) -> str:
         return self._qparams_repr()
