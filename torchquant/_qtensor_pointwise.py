@@ -79,7 +79,7 @@ def celu(q: QTensor, scale: float, zero_point: int, alpha: float = 1.0) -> QTens
 
 
 def leaky_relu(q: QTensor, negative_slope: float, scale: Optional[float] = None,
-               zero_point: Optional[int] = None, layout: str = "suggested") -> QTensor:
+               zero_point: Optional[int] = None, layout: str = "dense_input") -> QTensor:
     """Output qparams (scale, zero_point) when both are given (laid out as ``layout`` says:
     :data:`torchquant.ops.activation.LAYOUTS`), else the input's -- then torch first makes
     the input dense, whatever ``layout``."""

@@ -31,8 +31,7 @@ __all__ = ["LAYOUTS", "fixed_qparams", "sigmoid", "tanh", "hardsigmoid", "hardsw
 
 # How torch's op lays out operand and result, which decides the elements of the scalar tail:
 #   "suggested"   -- the input as it lies, the output in the input's suggested memory format;
-#   "dense_input" -- the input first made dense in its suggested format (torch's leaky_relu
-#                    with the input's qparams);
+#   "dense_input" -- the input first made dense in its suggested format (torch's leaky_relu);
 #   "contiguous"  -- the output allocated contiguous (an ``out=`` tensor; torch's elu / celu).
 LAYOUTS = ("suggested", "dense_input", "contiguous")
 
@@ -219,12 +218,13 @@ def _(x, scale, zero_point, negative_slope, out_scale, out_zero_point, qdtype, l
 
 def leaky_relu(x: torch.Tensor, scale: float, zero_point: int, negative_slope: float,
                out_scale: float, out_zero_point: int, qdtype: _dt.QDType,
-               layout: str = "suggested") -> torch.Tensor:
+               layout: str = "dense_input") -> torch.Tensor:
     """The integers of ``x_hat`` (positive) or ``negative_slope * x_hat`` on the output grid.
 
-    ``layout`` (:data:`LAYOUTS`) says how torch's caller lays out the operands: ``dense_input``
-    for ``F.leaky_relu`` (same qparams), ``contiguous`` for the functional form that writes
-    into a fresh output, ``suggested`` for the module."""
+    ``layout`` (:data:`LAYOUTS`) says how torch's caller lays out the operands:
+    ``dense_input`` for ``F.leaky_relu`` and ``quantized::leaky_relu`` (the module), which
+    make the input dense first; ``contiguous`` for the functional form with output qparams,
+    which writes into a fresh contiguous output."""
     _check_layout(layout)
     if traced(x):
         return torch.ops.torchquant.leaky_relu(x, scale, zero_point, float(negative_slope),

@@ -127,8 +127,9 @@ class LeakyReLU(OutputQParams, torch.nn.LeakyReLU):
 
     def forward(self, input: QTensor) -> QTensor:
         q = require_quantized(input, "leaky_relu")
+        # torch's quantized::leaky_relu makes the input dense first (measured)
         out = _pointwise.leaky_relu(q, self.negative_slope, *self._output_qparams(),
-                                    layout="suggested")
+                                    layout="dense_input")
         return _pointwise.store_inplace(q, out) if self.inplace else out
 
     def _get_name(self) -> str:
