@@ -2,9 +2,11 @@
 
 Eager quantized models call ``torch.sigmoid(q)``, ``F.max_pool2d(q, 2)``, ``F.interpolate(q)``
 and the like directly on quantized activations.  Importing this module registers QTensor
-handlers for the aten ops those calls reach, with the numerics of
-:mod:`torchquant.nn.quantized.functional` (same qparams, except sigmoid / hardsigmoid / tanh,
-which take torch's fixed output qparams).
+handlers for the aten ops those calls reach and for the torch-level functions themselves
+(taken before dispatch, which export's and dynamo's tracers would not make for a QTensor built
+in the graph), all calling the ``torchquant.ops`` functions that
+:mod:`torchquant.nn.quantized.functional` calls (same qparams, except sigmoid / hardsigmoid /
+tanh, which take torch's fixed output qparams).
 
 ``F.adaptive_avg_pool2d(q, 1)`` reaches QTensor as ``aten.mean.dim`` over the spatial dims, so
 ``mean.dim`` is refined too: over the innermost dims of a contiguous tensor torch uses the
