@@ -2,9 +2,11 @@
 
 Eager quantized models call ``torch.sigmoid(q)``, ``F.max_pool2d(q, 2)``, ``F.interpolate(q)``
 and the like directly on quantized activations.  Importing this module registers QTensor
-handlers for the aten ops those calls reach, with the numerics of
-:mod:`torchquant.nn.quantized.functional` (same qparams, except sigmoid / hardsigmoid / tanh,
-which take torch's fixed output qparams).
+handlers for the aten ops those calls reach and for the torch-level functions themselves
+(taken before dispatch, which export's and dynamo's tracers would not make for a QTensor built
+in the graph), all calling the ``torchquant.ops`` functions that
+:mod:`torchquant.nn.quantized.functional` calls (same qparams, except sigmoid / hardsigmoid /
+tanh, which take torch's fixed output qparams).
 
 ``F.adaptive_avg_pool2d(q, 1)`` reaches QTensor as ``aten.mean.dim`` over the spatial dims, so
 ``mean.dim`` is refined too: over the innermost dims of a contiguous tensor torch uses the
@@ -15,7 +17,7 @@ For channels-last input torch then restrides that result in place (``as_strided_
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -29,55 +31,147 @@ from ._validation import require_per_tensor
 aten = torch.ops.aten
 
 
-@_implements(aten.sigmoid.default)
-def _sigmoid(func, q):
+def _unless_quantized(input: Any) -> bool:
+    """Whether a torch-level handler must leave the call to the default path (the first
+    argument is not a QTensor: another argument made torch ask QTensor)."""
+    return not isinstance(input, QTensor)
+
+
+# ---- activations: aten ops (eager dispatch) and the torch-level functions that reach them ------
+# Both spellings call the same QTensor wrapper of torchquant.ops.activation; the torch-level
+# one is taken before dispatch, so that export's and dynamo's tracers (which do not re-dispatch
+# an aten op to a QTensor built in the graph) see the torchquant op.
+
+def _sigmoid_q(q):
     return _pointwise.sigmoid(require_per_tensor(q, "sigmoid"))
 
 
-@_implements(aten.tanh.default)
-def _tanh(func, q):
+def _tanh_q(q):
     return _pointwise.tanh(require_per_tensor(q, "tanh"))
 
 
-@_implements(aten.hardsigmoid.default)
-def _hardsigmoid(func, q):
-    return _pointwise.hardsigmoid(require_per_tensor(q, "hardsigmoid"))
+def _hardsigmoid_q(q, inplace: bool = False):
+    q = require_per_tensor(q, "hardsigmoid")
+    out = _pointwise.hardsigmoid(q)
+    return _pointwise.store_inplace(q, out) if inplace else out
 
 
-@_implements(aten.hardsigmoid_.default)
-def _hardsigmoid_(func, q):
-    return _pointwise.store_inplace(q, _hardsigmoid(func, q))
+def _leaky_relu_q(q, negative_slope=0.01, inplace: bool = False):
+    q = require_per_tensor(q, "leaky_relu")
+    out = _pointwise.leaky_relu(q, float(negative_slope))
+    return _pointwise.store_inplace(q, out) if inplace else out
 
 
-@_implements(aten.leaky_relu.default)
-def _leaky_relu(func, q, negative_slope=0.01):
-    return _pointwise.leaky_relu(require_per_tensor(q, "leaky_relu"), float(negative_slope))
+def _hardtanh_q(q, min_val=-1.0, max_val=1.0, inplace: bool = False):
+    q = require_per_tensor(q, "hardtanh")
+    out = _pointwise.clamp(q, float(min_val), float(max_val))
+    return _pointwise.store_inplace(q, out) if inplace else out
 
 
-@_implements(aten.leaky_relu_.default)
-def _leaky_relu_(func, q, negative_slope=0.01):
-    return _pointwise.store_inplace(q, _leaky_relu(func, q, negative_slope))
-
-
-@_implements(aten.hardtanh.default)
-def _hardtanh(func, q, min_val=-1.0, max_val=1.0):
-    return _pointwise.clamp(require_per_tensor(q, "hardtanh"), float(min_val), float(max_val))
-
-
-@_implements(aten.hardtanh_.default)
-def _hardtanh_(func, q, min_val=-1.0, max_val=1.0):
-    return _pointwise.store_inplace(q, _hardtanh(func, q, min_val, max_val))
-
-
-@_implements(aten.clamp.default)
-def _clamp(func, q, min=None, max=None):
+def _clamp_q(q, min=None, max=None):
     return _pointwise.clamp(require_per_tensor(q, "clamp"), min, max)
 
 
-@_implements(aten.threshold.default)
-def _threshold(func, q, threshold, value):
+def _threshold_q(q, threshold, value):
     return _pointwise.threshold(require_per_tensor(q, "threshold"), float(threshold),
                                 float(value))
+
+
+_implements(aten.sigmoid.default)(lambda func, q: _sigmoid_q(q))
+_implements(aten.tanh.default)(lambda func, q: _tanh_q(q))
+_implements(aten.hardsigmoid.default)(lambda func, q: _hardsigmoid_q(q))
+_implements(aten.hardsigmoid_.default)(lambda func, q: _hardsigmoid_q(q, inplace=True))
+_implements(aten.leaky_relu.default)(
+    lambda func, q, negative_slope=0.01: _leaky_relu_q(q, negative_slope))
+_implements(aten.leaky_relu_.default)(
+    lambda func, q, negative_slope=0.01: _leaky_relu_q(q, negative_slope, inplace=True))
+_implements(aten.hardtanh.default)(
+    lambda func, q, min_val=-1.0, max_val=1.0: _hardtanh_q(q, min_val, max_val))
+_implements(aten.hardtanh_.default)(
+    lambda func, q, min_val=-1.0, max_val=1.0: _hardtanh_q(q, min_val, max_val, inplace=True))
+_implements(aten.clamp.default)(lambda func, q, min=None, max=None: _clamp_q(q, min, max))
+_implements(aten.threshold.default)(
+    lambda func, q, threshold, value: _threshold_q(q, threshold, value))
+
+
+def _unary_function(handler):
+    """``torch.f(input)`` / ``Tensor.f`` taken at the torch-function level."""
+    def run(input, *, out=None):
+        if _unless_quantized(input) or out is not None:
+            return NotImplemented
+        return handler(input)
+    return run
+
+
+_implements_function(torch.sigmoid, torch.Tensor.sigmoid)(_unary_function(_sigmoid_q))
+_implements_function(torch.tanh, torch.Tensor.tanh)(_unary_function(_tanh_q))
+
+
+@_implements_function(F.hardsigmoid)
+def _hardsigmoid_function(input, inplace=False):
+    if _unless_quantized(input):
+        return NotImplemented
+    return _hardsigmoid_q(input, inplace)
+
+
+@_implements_function(F.leaky_relu)
+def _leaky_relu_function(input, negative_slope=0.01, inplace=False):
+    if _unless_quantized(input):
+        return NotImplemented
+    return _leaky_relu_q(input, negative_slope, inplace)
+
+
+def _leaky_relu_builtin_function(inplace: bool):
+    def run(input, negative_slope=0.01, *, out=None):
+        if _unless_quantized(input) or out is not None:
+            return NotImplemented
+        return _leaky_relu_q(input, negative_slope, inplace)
+    return run
+
+
+_implements_function(torch._C._nn.leaky_relu)(_leaky_relu_builtin_function(False))
+_implements_function(torch._C._nn.leaky_relu_)(_leaky_relu_builtin_function(True))
+
+
+@_implements_function(F.hardtanh)
+def _hardtanh_function(input, min_val=-1.0, max_val=1.0, inplace=False):
+    if _unless_quantized(input):
+        return NotImplemented
+    return _hardtanh_q(input, min_val, max_val, inplace)
+
+
+def _hardtanh_builtin_function(inplace: bool):
+    def run(input, min_val=-1.0, max_val=1.0, *, out=None):
+        if _unless_quantized(input) or out is not None:
+            return NotImplemented
+        return _hardtanh_q(input, min_val, max_val, inplace)
+    return run
+
+
+_implements_function(torch._C._nn.hardtanh)(_hardtanh_builtin_function(False))
+_implements_function(torch._C._nn.hardtanh_)(_hardtanh_builtin_function(True))
+
+
+@_implements_function(F.relu6)
+def _relu6_function(input, inplace=False):
+    if _unless_quantized(input):
+        return NotImplemented
+    return _hardtanh_q(input, 0.0, 6.0, inplace)
+
+
+@_implements_function(torch.clamp, torch.Tensor.clamp, torch.clip, torch.Tensor.clip)
+def _clamp_function(input, min=None, max=None, *, out=None):
+    if (_unless_quantized(input) or out is not None or isinstance(min, torch.Tensor)
+            or isinstance(max, torch.Tensor)):
+        return NotImplemented  # tensor bounds: the default path (which torch rejects too)
+    return _clamp_q(input, min, max)
+
+
+@_implements_function(F.threshold, torch.threshold)
+def _threshold_function(input, threshold, value, inplace=False):
+    if _unless_quantized(input) or inplace:
+        return NotImplemented  # torch has no quantized threshold_
+    return _threshold_q(input, threshold, value)
 
 
 def _max_pool(q: QTensor, ndim: int, kernel_size, stride, padding, dilation, ceil_mode,
@@ -117,6 +211,20 @@ _implements_function(F.max_pool2d, torch.max_pool2d)(_max_pool_function(2))
 _implements_function(F.max_pool3d, torch.max_pool3d)(_max_pool_function(3))
 
 
+def _max_pool_with_indices_function(ndim: int):
+    """``F.max_poolNd(..., return_indices=True)`` (torch asks for ``F.max_poolNd_with_indices``)."""
+    handler = _max_pool_function(ndim)
+
+    def run(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+            return_indices=True):
+        return handler(input, kernel_size, stride, padding, dilation, ceil_mode, True)
+    return run
+
+
+_implements_function(F.max_pool2d_with_indices)(_max_pool_with_indices_function(2))
+_implements_function(F.max_pool3d_with_indices)(_max_pool_with_indices_function(3))
+
+
 def _adaptive_avg_pool_q(q: QTensor, ndim: int, output_size) -> QTensor:
     q = require_per_tensor(q, f"adaptive_avg_pool{ndim}d")
     return q._with(pooling.adaptive_avg_pool(q._values(), q._scale_zp()[1], q.qdtype, ndim,
@@ -147,6 +255,23 @@ def _avg_pool(ndim: int):
 
 _implements(aten.avg_pool2d.default)(_avg_pool(2))
 _implements(aten.avg_pool3d.default)(_avg_pool(3))
+
+
+def _avg_pool_function(ndim: int):
+    """``F.avg_poolNd`` taken at the torch-function level (same integer kernel)."""
+    aten_handler = _avg_pool(ndim)
+
+    def handler(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+                count_include_pad=True, divisor_override=None):
+        if _unless_quantized(input):
+            return NotImplemented
+        return aten_handler(None, input, kernel_size, stride, padding, ceil_mode,
+                            count_include_pad, divisor_override)
+    return handler
+
+
+_implements_function(F.avg_pool2d)(_avg_pool_function(2))
+_implements_function(F.avg_pool3d)(_avg_pool_function(3))
 
 
 def _adaptive_avg_pool(ndim: int):
@@ -203,6 +328,34 @@ def _upsample_bilinear_vec(func, q, output_size: Optional[Sequence[int]], align_
     return _upsample_bilinear(func, q, output_size, align_corners, *scales)
 
 
+@_implements_function(F.interpolate)
+def _interpolate_function(input, size=None, scale_factor=None, mode="nearest",
+                          align_corners=None, recompute_scale_factor=None, antialias=False):
+    """``F.interpolate`` taken whole for the modes QTensor resamples ('nearest' and
+    'nearest-exact' of 4-D / 5-D input, 'bilinear' of 4-D input); other calls take the
+    default path (and are refused at dispatch, as torch refuses them)."""
+    supported = {"nearest": (4, 5), "nearest-exact": (4, 5), "bilinear": (4,)}
+    if (_unless_quantized(input) or antialias
+            or input.dim() not in supported.get(mode, ())):
+        return NotImplemented
+    q = require_per_tensor(input, "interpolate")
+    # the float function on a meta tensor validates the arguments and gives the output size
+    shape = F.interpolate(torch.empty(q.shape, device="meta"), size, scale_factor, mode,
+                          align_corners, recompute_scale_factor)
+    spatial = q.dim() - 2
+    if size is None and not recompute_scale_factor:  # torch maps indices with the factors
+        factors = scale_factor if isinstance(scale_factor, (tuple, list)) \
+            else (scale_factor,) * spatial
+        scales = tuple(float(f) for f in factors)
+    else:
+        scales = (None,) * spatial
+    if mode == "bilinear":
+        return q._with(pooling.upsample_bilinear(q._values(), q._scale_zp()[1], q.qdtype,
+                                                 shape.shape[2:], bool(align_corners), scales))
+    return q._with(pooling.upsample_nearest(q._values(), shape.shape[2:], scales,
+                                            mode == "nearest-exact"))
+
+
 _float_mean_dim = _OPS.get(aten.mean.dim)
 
 
@@ -228,6 +381,19 @@ def _mean_dim(func, q, dim=None, keepdim=False, *, dtype=None):
         raise NotImplementedError(f"torchquant.QTensor does not support {func} here")
     kwargs = {} if dtype is None else {"dtype": dtype}
     return _float_mean_dim(func, q, dim, keepdim, **kwargs)
+
+
+@_implements_function(torch.mean, torch.Tensor.mean)
+def _mean_function(input, dim=None, keepdim=False, *, dtype=None, out=None):
+    """``torch.mean`` / ``Tensor.mean`` taken at the torch-function level (the handlers of
+    ``mean.dim`` / ``mean.default``)."""
+    if _unless_quantized(input) or out is not None:
+        return NotImplemented
+    kwargs = {} if dtype is None else {"dtype": dtype}
+    if dim is None:
+        return _OPS[aten.mean.default](aten.mean.default, input, **kwargs)
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    return _mean_dim(aten.mean.dim, input, dims, keepdim, **kwargs)
 
 
 @_implements(aten.as_strided_.default)

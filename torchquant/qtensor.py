@@ -53,7 +53,9 @@ class QTensor(torch.Tensor):
         # force a float round trip); everything else goes straight on to __torch_dispatch__.
         handler = _FUNCTIONS.get(func)
         if handler is not None:
-            return handler(*args, **(kwargs or {}))
+            out = handler(*args, **(kwargs or {}))
+            if out is not NotImplemented:  # NotImplemented: not a call the handler takes
+                return out
         if func in _LAYOUT_FUNCTIONS and args and _traced_per_tensor(args[0]):
             # While traced, a per-tensor QTensor's layout ops act on its integers directly:
             # export's and dynamo's tracers do not re-dispatch these to __torch_dispatch__.
@@ -216,16 +218,20 @@ class QTensor(torch.Tensor):
         return numbers
 
     def _replace_qparams(self, scale: torch.Tensor, zero_point: torch.Tensor,
-                         axis: Optional[int] = None) -> None:
+                         axis: Optional[int] = None,
+                         numbers: Optional[tuple[float, int]] = None) -> None:
         """Install a new qparams record, for the in-place ops whose output qparams differ from
         the input's (``hardsigmoid_``, ``copy_`` from another QTensor, ...).  The only way
         qparams change: scale, zero point and axis are replaced together and the cached
-        Python numbers of :meth:`_scale_zp` are dropped with them (the tensors themselves are
-        never modified -- they may be shared with other QTensors)."""
+        Python numbers of :meth:`_scale_zp` are replaced with them -- by ``numbers`` (the new
+        per-tensor qparams as Python numbers, where the caller has them) or dropped (the
+        tensors themselves are never modified -- they may be shared with other QTensors)."""
         self.scale = scale
         self.zero_point = zero_point
         self.axis = axis
         self.__dict__.pop("_numbers", None)
+        if numbers is not None and axis is None:
+            self._numbers = numbers
 
     def _need_per_tensor(self, what: str) -> None:
         if self.axis is not None:
@@ -247,7 +253,7 @@ class QTensor(torch.Tensor):
     def _with(self, values: torch.Tensor, scale: Optional[torch.Tensor] = None,
               zero_point: Optional[torch.Tensor] = None, axis: Any = "same") -> "QTensor":
         """New QTensor over ``values`` (logical-shape integers) with these or self's qparams."""
-        same = scale is None and zero_point is None and axis == "same"
+        same = scale is None and zero_point is None and (axis == "same" or axis == self.axis)
         axis = self.axis if axis == "same" else axis
         scale = self.scale if scale is None else scale
         zero_point = self.zero_point if zero_point is None else zero_point
@@ -365,7 +371,7 @@ _LAYOUT_FUNCTIONS = frozenset({
     torch.Tensor.select, torch.select, torch.Tensor.expand, torch.Tensor.clone, torch.clone,
     torch.Tensor.detach, torch.detach,
     torch.Tensor.chunk, torch.chunk, torch.Tensor.split, torch.split, torch.Tensor.unbind,
-    torch.unbind, torch.Tensor.t, torch.t,
+    torch.unbind, torch.Tensor.t, torch.t, torch.Tensor.as_strided, torch.as_strided,
 })
 
 
@@ -455,6 +461,24 @@ def _to_copy(func, q, dtype=None, device=None, layout=None, pin_memory=None,
     ints = q.int_data.to(**kw)
     return QTensor(ints, q.scale.to(device=device), q.zero_point.to(device=device), q.qdtype,
                    q.axis, tuple(q.shape))
+
+
+@_implements_function(torch.Tensor.to)
+def _to_function(input, *args, **kwargs):
+    """``Tensor.to`` taken at the torch-function level: itself where nothing changes (as
+    torch), else the ``_to_copy`` handler."""
+    if not isinstance(input, QTensor):
+        return NotImplemented
+    copy = kwargs.pop("copy", False)
+    device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+    same_device = device is None or (device.type == input.device.type and (
+        device.index is None or device.index == input.device.index))
+    same_layout = memory_format in (None, torch.preserve_format) or (
+        not input.qdtype.is_sub_byte and input.is_contiguous(memory_format=memory_format))
+    if not copy and same_device and (dtype is None or dtype == input.dtype) and same_layout:
+        return input
+    return _to_copy(aten._to_copy.default, input, dtype=dtype, device=device,
+                    non_blocking=non_blocking, memory_format=memory_format)
 
 
 # ---- view-like ops ----------------------------------------------------------------------------
@@ -598,6 +622,21 @@ def _compare(func, a, b):
     return func(_as_float(a), _as_float(b))
 
 
+def _compare_function(func):
+    def run(*args, **kwargs):
+        return func(*(_as_float(a) for a in args), **kwargs)
+    return run
+
+
+for _func in (torch.eq, torch.ne, torch.ge, torch.le, torch.gt, torch.lt, torch.Tensor.eq,
+              torch.Tensor.ne, torch.Tensor.ge, torch.Tensor.le, torch.Tensor.gt, torch.Tensor.lt,
+              torch.Tensor.__eq__, torch.Tensor.__ne__, torch.Tensor.__ge__, torch.Tensor.__le__,
+              torch.Tensor.__gt__, torch.Tensor.__lt__):
+    # taken at the torch-function level too (export's tracer would not dispatch them)
+    _FUNCTIONS[_func] = _compare_function(_func)
+del _func
+
+
 @_implements(aten.equal.default)
 def _equal(func, a, b):
     if not (isinstance(a, QTensor) and isinstance(b, QTensor)):
@@ -677,6 +716,24 @@ def _minmax_dim(func, q, dim, keepdim=False):
     return _ValuesIndices(q._with(vals, axis=axis), idx)
 
 
+def _minmax_function(name: str):
+    """``torch.max`` / ``Tensor.max`` (and min) of one QTensor, overall or along ``dim``,
+    taken at the torch-function level; the binary forms take the default path."""
+    aten_all, aten_dim = getattr(aten, name).default, getattr(aten, name).dim
+
+    def run(input, dim=None, keepdim=False, *, out=None):
+        if not isinstance(input, QTensor) or out is not None or isinstance(dim, torch.Tensor):
+            return NotImplemented
+        if dim is None:
+            return _minmax_all(aten_all, input)
+        return _minmax_dim(aten_dim, input, dim, keepdim)
+    return run
+
+
+_implements_function(torch.max, torch.Tensor.max)(_minmax_function("max"))
+_implements_function(torch.min, torch.Tensor.min)(_minmax_function("min"))
+
+
 @_implements(aten.mean.default, aten.mean.dim)
 def _mean(func, q, *args, **kwargs):
     if q.axis is not None:
@@ -697,6 +754,20 @@ def _sort(func, q, *args, **kwargs):
     _need_monotone(q, "sort", dim)
     vals, idx = func(q._values(), *args, **kwargs)
     return _ValuesIndices(q._with(vals), idx)
+
+
+@_implements_function(torch.sort, torch.Tensor.sort)
+def _sort_function(input, dim=-1, descending=False, stable=False, *, out=None):
+    if not isinstance(input, QTensor) or out is not None:
+        return NotImplemented
+    return _sort(aten.sort.stable, input, stable=stable, dim=dim, descending=descending)
+
+
+@_implements_function(torch.topk, torch.Tensor.topk)
+def _topk_function(input, k, dim=-1, largest=True, sorted=True, *, out=None):
+    if not isinstance(input, QTensor) or out is not None:
+        return NotImplemented
+    return _topk(aten.topk.default, input, k, dim, largest, sorted)
 
 
 @_implements(aten.topk.default)
@@ -766,6 +837,22 @@ def _cat(func, tensors, dim=0):
     if first.axis is not None and dim % first.dim() == first.axis:
         raise NotImplementedError("cat along the channel axis of per-channel QTensors")
     return first._with(torch.cat(vals, dim))
+
+
+@_implements_function(torch.cat, torch.concat, torch.concatenate)
+def _cat_function(tensors, dim=0, *, out=None):
+    """``torch.cat`` taken at the torch-function level (export's and dynamo's tracers would
+    not dispatch ``aten.cat`` to QTensors built in the graph)."""
+    if out is not None or isinstance(dim, str):
+        return NotImplemented
+    return _cat(None, tensors, dim)
+
+
+@_implements_function(torch.stack)
+def _stack_function(tensors, dim=0, *, out=None):
+    if out is not None:
+        return NotImplemented
+    return _stack(None, tensors, dim)
 
 
 @_implements(aten.stack.default)

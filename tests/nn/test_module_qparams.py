@@ -200,8 +200,7 @@ CASES = {
                     names=("output_scale", "output_zero_point")),
     "Softmax": Case(_ctor(lambda s, z: nnq.Softmax(1, s, z), lambda s, z: ao_nnq.Softmax(1, s, z)),
                     storage="plain"),
-    # (PReLU's forward reads its weight's zero point as int(tensor): not exportable yet)
-    "PReLU": Case(_prelu, ((2, 4, 5),), storage="plain", exportable=False),
+    "PReLU": Case(_prelu, ((2, 4, 5),), storage="plain"),
     "LayerNorm": Case(_norm(nnq.LayerNorm, ao_nnq.LayerNorm, ([8],), 8), storage="buffer"),
     "GroupNorm": Case(_norm(nnq.GroupNorm, ao_nnq.GroupNorm, (2, 4), 4), ((2, 4, 3, 3),),
                       storage="buffer"),

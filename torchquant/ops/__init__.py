@@ -8,7 +8,8 @@ This package is the only caller of the kernel registry for these computations.
 """
 from __future__ import annotations
 
-from . import binary, compile_lowering, conv, linear, normalization, pooling, quantize
+from . import activation, binary, compile_lowering, conv, linear, normalization, pooling, quantize
 from ._library import traced
 
-__all__ = ["binary", "compile_lowering", "conv", "linear", "normalization", "pooling", "quantize", "traced"]
+__all__ = ["activation", "binary", "compile_lowering", "conv", "linear", "normalization",
+           "pooling", "quantize", "traced"]

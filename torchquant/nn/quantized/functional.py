@@ -1,8 +1,9 @@
 """Quantized ops on QTensors: torch's quantized functional API, ported.
 
 Inputs are per-tensor affine QTensors; results are bit-identical to torch 2.13's quantized CPU
-kernels (the numerics live in the private ``_pointwise`` and ``_binary`` modules and in
-:mod:`torchquant.ops.pooling`).
+kernels (the numerics live in :mod:`torchquant.ops.activation`, :mod:`torchquant.ops.pooling`
+and the ops behind the private ``_binary`` module; ``_pointwise`` wraps the activations for
+QTensors).
 "Same qparams" ops return the input's scale and zero point.
 """
 from __future__ import annotations
@@ -124,7 +125,7 @@ def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = Fals
             raise AssertionError("Cannot rescale with `inplace`")
         # torch writes into a fresh contiguous tensor here (the op's ``out=`` overload)
         return _pointwise.leaky_relu(q, float(negative_slope), float(scale), int(zero_point),
-                                     output_format=torch.contiguous_format)
+                                     layout="contiguous")
     result = _pointwise.leaky_relu(q, float(negative_slope))
     return _pointwise.store_inplace(q, result) if inplace else result
 

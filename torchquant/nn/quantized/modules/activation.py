@@ -127,7 +127,9 @@ class LeakyReLU(OutputQParams, torch.nn.LeakyReLU):
 
     def forward(self, input: QTensor) -> QTensor:
         q = require_quantized(input, "leaky_relu")
-        out = _pointwise.leaky_relu(q, self.negative_slope, *self._output_qparams())
+        # torch's quantized::leaky_relu makes the input dense first (measured)
+        out = _pointwise.leaky_relu(q, self.negative_slope, *self._output_qparams(),
+                                    layout="dense_input")
         return _pointwise.store_inplace(q, out) if self.inplace else out
 
     def _get_name(self) -> str:
@@ -162,7 +164,7 @@ class Sigmoid(OutputQParams, torch.nn.Sigmoid):
 
     def forward(self, input: QTensor) -> QTensor:
         q = require_quantized(input, "sigmoid")
-        return _pointwise.map_dequantized(q, torch.sigmoid, *self._output_qparams())
+        return _pointwise.sigmoid(q, *self._output_qparams())
 
     def extra_repr(self) -> str:
         return self._qparams_repr()
@@ -213,24 +215,40 @@ class PReLU(OutputQParams, torch.nn.Module):
     """PReLU with a quint8 weight; output qparams (scale, zero_point) as plain attributes, not
     in the state dict (as torch).
 
-    The weight is a buffer, so it is saved in the state dict (torch keeps it out)."""
+    The weight's integers are a non-persistent buffer and its qparams Python numbers, so that
+    ``torch.export`` / ``torch.compile`` see a plain integer constant and constant qparams;
+    ``weight`` reads (and assigns) them as a QTensor, and the state dict saves it under
+    ``weight`` (torch keeps it out)."""
 
     _QPARAM_STORAGE = "plain"
 
-    weight: QTensor
     scale: float
     zero_point: int
+    _weight_int: torch.Tensor
 
     def __init__(self, output_scale: float, output_zero_point: int,
                  num_parameters: int = 1) -> None:
         super().__init__()
         self.num_parameters = num_parameters
         self._init_output_qparams(output_scale, output_zero_point)
-        self.register_buffer("weight", quantize_per_tensor(
-            torch.randn(num_parameters), 1.0, 0, _dt.quint8))
+        self.register_buffer("_weight_int", torch.zeros(num_parameters, dtype=torch.uint8),
+                             persistent=False)
+        self.set_weight(quantize_per_tensor(torch.randn(num_parameters), 1.0, 0, _dt.quint8))
+
+    @property
+    def weight(self) -> QTensor:
+        return QTensor.from_int_per_tensor(self._weight_int, *self._weight_qparams,
+                                           self._weight_qdtype)
+
+    @weight.setter
+    def weight(self, w: QTensor) -> None:
+        self.set_weight(w)
 
     def set_weight(self, w: QTensor) -> None:
-        self.weight = w
+        w = require_quantized(w, "prelu")  # per tensor, 8/32-bit (quint8 from from_float)
+        self._weight_int = w.int_data
+        self._weight_qparams = w._scale_zp()
+        self._weight_qdtype = w.qdtype
 
     def forward(self, input: QTensor) -> QTensor:
         q = require_quantized(input, "prelu")
@@ -242,14 +260,25 @@ class PReLU(OutputQParams, torch.nn.Module):
     def extra_repr(self) -> str:
         return f"num_parameters={self.num_parameters}, {self._qparams_repr()}"
 
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "weight"] = self.weight
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         key = prefix + "weight"
-        weight = state_dict.get(key)
-        if isinstance(weight, torch.Tensor) and not isinstance(weight, QTensor) \
-                and weight.is_quantized:  # a checkpoint saved by torch
-            state_dict[key] = QTensor.from_int(weight.int_repr(), weight.q_scale(),
-                                               weight.q_zero_point(), weight.dtype)
+        if key in state_dict:
+            weight = state_dict.pop(key)
+            if not isinstance(weight, QTensor) and isinstance(weight, torch.Tensor) \
+                    and weight.is_quantized:  # a checkpoint saved by torch
+                weight = QTensor.from_int(weight.int_repr(), weight.q_scale(),
+                                          weight.q_zero_point(), weight.dtype)
+            try:
+                self.set_weight(weight)
+            except (TypeError, ValueError, RuntimeError) as exc:
+                error_msgs.append(f"{key}: {exc}")
+        elif strict:
+            missing_keys.append(key)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
 
