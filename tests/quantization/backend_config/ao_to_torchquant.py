@@ -71,6 +71,8 @@ def to_torchquant(x):
     if isinstance(x, torch.ao.quantization.backend_config.DTypeWithConstraints):
         fields = {f.name: to_torchquant(getattr(x, f.name)) for f in dataclasses.fields(x)}
         return tq_backend_config.DTypeWithConstraints(**fields)
+    if isinstance(x, torch.ao.quantization.backend_config.DTypeConfig):
+        return tq_backend_config.DTypeConfig.from_dict(to_torchquant(x.to_dict()))
     if isinstance(x, torch.ao.quantization.backend_config.ObservationType):
         return tq_backend_config.ObservationType[x.name]
     if isinstance(x, enum.Enum):
