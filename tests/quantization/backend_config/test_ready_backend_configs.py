@@ -128,3 +128,19 @@ def test_fixed_qparams_rejects_scale_bounds():
         dtype=torchquant.quint8, scale_min_lower_bound=1e-3))
     with pytest.raises(ValueError, match="scale_min_lower_bound is invalid"):
         _get_fixed_qparams_op_configs([bounded])
+
+
+def test_comparison_is_not_vacuous():
+    """The mapped comparison above does see a changed dtype, fuser or fused module."""
+    ref = ao_bc.get_onednn_backend_config().configs
+    mine = bc.get_onednn_backend_config().configs
+    conv_relu = 3  # (nn.Conv1d, nn.ReLU): a _sequential_wrapper2 fuser
+    assert to_torchquant(mine[conv_relu].to_dict()) == to_torchquant(ref[conv_relu].to_dict())
+    conv2d_relu = bc.get_native_backend_config().configs[3 + 19]  # 19 configs per conv dim
+    assert conv2d_relu.pattern == (nn.Conv2d, nn.ReLU)
+    mine[conv_relu].set_fuser_method(conv2d_relu.fuser_method)  # a wrapper of ConvReLU2d
+    assert to_torchquant(mine[conv_relu].to_dict()) != to_torchquant(ref[conv_relu].to_dict())
+    mine[0].dtype_configs[0].weight_dtype_with_constraints.dtype = torchquant.quint8
+    assert to_torchquant(mine[0].to_dict()) != to_torchquant(ref[0].to_dict())
+    mine[70].set_fused_module(torchquant.nn.intrinsic.ConvAdd2d)
+    assert to_torchquant(mine[70].to_dict()) != to_torchquant(ref[70].to_dict())
