@@ -7,7 +7,6 @@ import operator
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import torch.ao.quantization.backend_config as ao_bc

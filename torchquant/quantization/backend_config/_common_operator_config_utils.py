@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ... import dtypes as _dt
 from ...nn import intrinsic as nni
 from ...nn import qat as nnqat
 from ...nn.intrinsic import qat as nniqat
@@ -74,10 +75,10 @@ _CONV3D = _ConvFamily(nn.Conv3d, nn.ConvTranspose3d, nn.BatchNorm3d, nnqr.Conv3d
 # Fixed-qparams ops: the output range is known, so the activation qparams must be exactly
 # these (quint8 over [0, 1] or [-1, 1]).
 _FIXED_QPARAMS_0TO1 = DTypeWithConstraints(
-    dtype=torch.quint8, quant_min_lower_bound=0, quant_max_upper_bound=255,
+    dtype=_dt.quint8, quant_min_lower_bound=0, quant_max_upper_bound=255,
     scale_exact_match=1.0 / 256.0, zero_point_exact_match=0)
 _FIXED_QPARAMS_NEG1TO1 = DTypeWithConstraints(
-    dtype=torch.quint8, quant_min_lower_bound=0, quant_max_upper_bound=255,
+    dtype=_dt.quint8, quant_min_lower_bound=0, quant_max_upper_bound=255,
     scale_exact_match=2.0 / 256.0, zero_point_exact_match=128)
 _FIXED_QPARAMS_OP_TO_CONSTRAINTS: dict[Union[Callable, str], DTypeWithConstraints] = {
     nn.Hardsigmoid: _FIXED_QPARAMS_0TO1,
@@ -175,37 +176,38 @@ def _get_linear_configs(dtype_configs: list[DTypeConfig]) -> list[BackendPattern
     ]
 
 
-def _get_conv_configs(dtype_configs: list[DTypeConfig]) -> list[BackendPatternConfig]:
-    """Conv1d/2d/3d: module, QAT module, functional; + ReLU; + BN (+ ReLU); ConvTranspose
-    (+ BN) and functional conv_transpose."""
-    configs = []
-    for c in (_CONV1D, _CONV2D, _CONV3D):
-        relu_fuser = _sequential_wrapper2(c.fused_conv_relu)
+def _conv_family_configs(c: _ConvFamily, dtype_configs: list[DTypeConfig],
+                         include_transpose: bool = True) -> list[BackendPatternConfig]:
+    """One conv dimensionality: module, QAT module, functional; + ReLU; + BN (+ ReLU); and
+    unless ``include_transpose`` is False, ConvTranspose (+ BN) and functional conv_transpose."""
+    relu_fuser = _sequential_wrapper2(c.fused_conv_relu)
+    configs = [
+        _weighted_module(c.root, dtype_configs, c.root, c.reference, c.qat),
+        _weighted_module(c.qat, dtype_configs, c.root, c.reference),
+        _config(c.func, dtype_configs, _DIFFERENT)._set_input_type_to_index(
+            dict(_WEIGHT_BIAS_AT_1_2)),
+        _fusion((c.root, nn.ReLU), dtype_configs, relu_fuser, c.fused_conv_relu),
+        _fusion((c.root, F.relu), dtype_configs, relu_fuser, c.fused_conv_relu),
+        _weighted_module(c.fused_conv_relu, dtype_configs, c.root, c.reference, c.relu_qat),
+        _weighted_module(c.relu_qat, dtype_configs, c.root, c.reference),
+        _config((c.func, nn.ReLU), dtype_configs, _DIFFERENT),
+        _config((c.func, F.relu), dtype_configs, _DIFFERENT),
+        # torch registers the fused ConvReLU / its QAT module a second time; the second
+        # registration is the one that stays (in the first one's position).
+        _config(c.fused_conv_relu, dtype_configs).set_qat_module(c.relu_qat),
+        _config(c.relu_qat, dtype_configs).set_root_module(c.root)
+        .set_reference_quantized_module(c.reference),
+        _fusion((c.root, c.bn), dtype_configs, fuse_conv_bn, c.fused_conv_bn),
+        _fusion((c.root, c.bn, nn.ReLU), dtype_configs, fuse_conv_bn_relu, c.fused_conv_bn_relu),
+        _config((c.root, c.bn, F.relu), dtype_configs).set_root_module(c.root)
+        .set_fuser_method(fuse_conv_bn_relu).set_fused_module(c.fused_conv_bn_relu),
+        _config(c.fused_conv_bn, dtype_configs).set_qat_module(c.bn_qat),
+        _config(c.fused_conv_bn_relu, dtype_configs).set_qat_module(c.bn_relu_qat),
+        _weighted_module(c.bn_qat, dtype_configs, c.root, c.reference),
+        _weighted_module(c.bn_relu_qat, dtype_configs, c.root, c.reference),
+    ]
+    if include_transpose:
         configs += [
-            _weighted_module(c.root, dtype_configs, c.root, c.reference, c.qat),
-            _weighted_module(c.qat, dtype_configs, c.root, c.reference),
-            _config(c.func, dtype_configs, _DIFFERENT)._set_input_type_to_index(
-                dict(_WEIGHT_BIAS_AT_1_2)),
-            _fusion((c.root, nn.ReLU), dtype_configs, relu_fuser, c.fused_conv_relu),
-            _fusion((c.root, F.relu), dtype_configs, relu_fuser, c.fused_conv_relu),
-            _weighted_module(c.fused_conv_relu, dtype_configs, c.root, c.reference, c.relu_qat),
-            _weighted_module(c.relu_qat, dtype_configs, c.root, c.reference),
-            _config((c.func, nn.ReLU), dtype_configs, _DIFFERENT),
-            _config((c.func, F.relu), dtype_configs, _DIFFERENT),
-            # torch registers the fused ConvReLU / its QAT module a second time; the second
-            # registration is the one that stays (in the first one's position).
-            _config(c.fused_conv_relu, dtype_configs).set_qat_module(c.relu_qat),
-            _config(c.relu_qat, dtype_configs).set_root_module(c.root)
-            .set_reference_quantized_module(c.reference),
-            _fusion((c.root, c.bn), dtype_configs, fuse_conv_bn, c.fused_conv_bn),
-            _fusion((c.root, c.bn, nn.ReLU), dtype_configs, fuse_conv_bn_relu,
-                    c.fused_conv_bn_relu),
-            _config((c.root, c.bn, F.relu), dtype_configs).set_root_module(c.root)
-            .set_fuser_method(fuse_conv_bn_relu).set_fused_module(c.fused_conv_bn_relu),
-            _config(c.fused_conv_bn, dtype_configs).set_qat_module(c.bn_qat),
-            _config(c.fused_conv_bn_relu, dtype_configs).set_qat_module(c.bn_relu_qat),
-            _weighted_module(c.bn_qat, dtype_configs, c.root, c.reference),
-            _weighted_module(c.bn_relu_qat, dtype_configs, c.root, c.reference),
             _config(c.transpose, dtype_configs).set_root_module(c.transpose)
             .set_reference_quantized_module(c.transpose_reference),
             _config((c.transpose, c.bn), dtype_configs).set_fuser_method(fuse_convtranspose_bn)
@@ -214,6 +216,12 @@ def _get_conv_configs(dtype_configs: list[DTypeConfig]) -> list[BackendPatternCo
                 dict(_WEIGHT_BIAS_AT_1_2)),
         ]
     return configs
+
+
+def _get_conv_configs(dtype_configs: list[DTypeConfig]) -> list[BackendPatternConfig]:
+    """Every conv family (1d, 2d, 3d) with its transposed conv."""
+    return [config for c in (_CONV1D, _CONV2D, _CONV3D)
+            for config in _conv_family_configs(c, dtype_configs)]
 
 
 def _get_cat_config(dtype_configs: list[DTypeConfig]) -> BackendPatternConfig:

@@ -11,14 +11,13 @@ from torch import nn
 from ... import dtypes as _dt
 from ...nn import qat as nnqat
 from ...nn.quantized import reference as nnqr
-from ..fuser_method_mappings import _sequential_wrapper2, fuse_conv_bn, fuse_conv_bn_relu
 from ._common_operator_config_utils import (
     _BINARY_NUM_TENSOR_ARGS_TO_OBSERVATION_TYPE,
     _CONV2D,
     _DIFFERENT,
     _SHARE,
     _config,
-    _fusion,
+    _conv_family_configs,
     _weighted_module,
 )
 from .backend_config import BackendConfig, BackendPatternConfig, DTypeConfig, DTypeWithConstraints
@@ -81,35 +80,10 @@ def _get_linear_configs() -> list[BackendPatternConfig]:
 
 
 def _get_conv_configs() -> list[BackendPatternConfig]:
-    """Conv2d only: module, QAT, functional, + ReLU, + BN (+ ReLU); no transposed conv."""
-    dtype_configs = [qnnpack_weighted_op_qint8_symmetric_dtype_config,
-                     executorch_weighted_op_int8_dtype_config]
-    c = _CONV2D
-    relu_fuser = _sequential_wrapper2(c.fused_conv_relu)
-    return [
-        _weighted_module(c.root, dtype_configs, c.root, c.reference, c.qat),
-        _weighted_module(c.qat, dtype_configs, c.root, c.reference),
-        _config(c.func, dtype_configs, _DIFFERENT)._set_input_type_to_index(
-            {"weight": 1, "bias": 2}),
-        _fusion((c.root, nn.ReLU), dtype_configs, relu_fuser, c.fused_conv_relu),
-        _fusion((c.root, F.relu), dtype_configs, relu_fuser, c.fused_conv_relu),
-        _weighted_module(c.fused_conv_relu, dtype_configs, c.root, c.reference, c.relu_qat),
-        _weighted_module(c.relu_qat, dtype_configs, c.root, c.reference),
-        _config((c.func, nn.ReLU), dtype_configs, _DIFFERENT),
-        _config((c.func, F.relu), dtype_configs, _DIFFERENT),
-        # registered twice as in torch; the second registration wins, in the first's position
-        _config(c.fused_conv_relu, dtype_configs).set_qat_module(c.relu_qat),
-        _config(c.relu_qat, dtype_configs).set_root_module(c.root)
-        .set_reference_quantized_module(c.reference),
-        _fusion((c.root, c.bn), dtype_configs, fuse_conv_bn, c.fused_conv_bn),
-        _fusion((c.root, c.bn, nn.ReLU), dtype_configs, fuse_conv_bn_relu, c.fused_conv_bn_relu),
-        _config((c.root, c.bn, F.relu), dtype_configs).set_root_module(c.root)
-        .set_fuser_method(fuse_conv_bn_relu).set_fused_module(c.fused_conv_bn_relu),
-        _config(c.fused_conv_bn, dtype_configs).set_qat_module(c.bn_qat),
-        _config(c.fused_conv_bn_relu, dtype_configs).set_qat_module(c.bn_relu_qat),
-        _weighted_module(c.bn_qat, dtype_configs, c.root, c.reference),
-        _weighted_module(c.bn_relu_qat, dtype_configs, c.root, c.reference),
-    ]
+    """Conv2d only, without transposed conv."""
+    return _conv_family_configs(_CONV2D, [qnnpack_weighted_op_qint8_symmetric_dtype_config,
+                                          executorch_weighted_op_int8_dtype_config],
+                                include_transpose=False)
 
 
 def _get_binary_ops_configs() -> list[BackendPatternConfig]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import torch
 import torch.nn.functional as F
 
 from ..utils import Pattern
