@@ -5,7 +5,7 @@ names and adds the qconfig classification helpers the eager, FX and PT2E flows a
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Union
 
 import torch
 
@@ -185,3 +185,12 @@ def progress_bar(iterable: Any, desc: str, enabled: Any = None) -> Any:
     except ImportError:
         return iterable
     return tqdm(iterable, desc=desc, leave=False)
+
+
+class MatchAllNode:
+    """Placeholder in an FX pattern (reversed nested tuple format) that matches any node, e.g.
+    the other operand of ``(torch.add, MatchAllNode, nn.Conv2d)``."""
+
+
+# An FX pattern: a module class, a function, a method-name string, or a tuple of patterns.
+Pattern = Union[Callable, tuple[Any, Any], tuple[Any, tuple[Any, Any]], Any]
