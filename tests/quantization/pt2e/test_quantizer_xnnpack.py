@@ -1,0 +1,177 @@
+"""XNNPACKQuantizer against torchao 0.18's (``torchao.testing.pt2e._xnnpack_quantizer``): the
+same model exported twice, annotated by each with the same config, must carry the same
+annotations on the same nodes (spec fields, observer class names and arguments, sharing
+targets, ``_annotated`` flags)."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+from _annotation_compare import assert_same_annotations, ctr_summary
+from _models import MODELS, Block, export_twice
+from torchquant.quantization.quantizer import QuantizationConfig, Quantizer
+from torchquant.quantization.quantizer import xnnpack_quantizer as tq_xnn
+
+ao_xnn = pytest.importorskip("torchao.testing.pt2e._xnnpack_quantizer")
+
+CONFIG_KWARGS = {
+    "per_tensor": {},
+    "per_channel": {"is_per_channel": True},
+    "qat": {"is_qat": True},
+    "qat_per_channel": {"is_qat": True, "is_per_channel": True},
+    "dynamic": {"is_dynamic": True},
+    "dynamic_per_channel": {"is_dynamic": True, "is_per_channel": True},
+    "qat_dynamic": {"is_qat": True, "is_dynamic": True},
+    "narrow": {"act_qmin": 0, "act_qmax": 100, "weight_qmin": -63, "weight_qmax": 63},
+}
+
+
+def _quantizers(setup):
+    """(ours, torchao's) configured the same way by ``setup(quantizer, get_config)``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torchao: "XNNPACKQuantizer is deprecated!"
+        theirs = ao_xnn.XNNPACKQuantizer()
+    ours = tq_xnn.XNNPACKQuantizer()
+    setup(ours, tq_xnn.get_symmetric_quantization_config)
+    setup(theirs, ao_xnn.get_symmetric_quantization_config)
+    return ours, theirs
+
+
+def _annotate_both(model_name, setup, train=False):
+    gm_ours, gm_theirs = export_twice(model_name, train=train)
+    ours, theirs = _quantizers(setup)
+    gm_ours = ours.transform_for_annotation(gm_ours)
+    gm_theirs = theirs.transform_for_annotation(gm_theirs)
+    ours.annotate(gm_ours)
+    theirs.annotate(gm_theirs)
+    return gm_ours, gm_theirs
+
+
+@pytest.mark.parametrize("config_name", list(CONFIG_KWARGS))
+def test_config_matches_torchao(config_name):
+    kw = CONFIG_KWARGS[config_name]
+    ours = tq_xnn.get_symmetric_quantization_config(**kw)
+    theirs = ao_xnn.get_symmetric_quantization_config(**kw)
+    assert isinstance(ours, QuantizationConfig)
+    assert ours.is_qat == theirs.is_qat and ours.bias is None and theirs.bias is None
+    for field in ("input_activation", "output_activation", "weight"):
+        a, b = getattr(ours, field), getattr(theirs, field)
+        assert (a is None) == (b is None), field
+        if a is None:
+            continue
+        assert (a.dtype, a.quant_min, a.quant_max, a.ch_axis, a.is_dynamic) == \
+               (b.dtype, b.quant_min, b.quant_max, b.ch_axis, b.is_dynamic)
+        assert a.qscheme == b.qscheme
+        assert ctr_summary(a.observer_or_fake_quant_ctr) == ctr_summary(b.observer_or_fake_quant_ctr)
+    # lru-cached like torchao's: one object per argument set
+    assert tq_xnn.get_symmetric_quantization_config(**kw) is ours
+    if not kw.get("is_dynamic"):
+        assert ours.input_activation is ours.output_activation
+
+
+@pytest.mark.parametrize("config_name", ["per_tensor", "per_channel", "qat", "qat_per_channel",
+                                         "qat_dynamic", "dynamic", "narrow"])
+def test_observers_build_from_specs(config_name):
+    """Every spec's constructor accepts the spec fields prepare_pt2e hands it."""
+    config = tq_xnn.get_symmetric_quantization_config(**CONFIG_KWARGS[config_name])
+    for spec in (config.input_activation, config.weight):
+        kwargs = {"dtype": spec.dtype, "quant_min": spec.quant_min, "quant_max": spec.quant_max,
+                  "qscheme": spec.qscheme, "is_dynamic": spec.is_dynamic}
+        if "per_channel" in spec.qscheme.name:
+            kwargs["ch_axis"] = spec.ch_axis
+        obs = spec.observer_or_fake_quant_ctr(**kwargs)
+        x = torch.randn(4, 3)
+        assert obs(x).shape == x.shape
+
+
+@pytest.mark.parametrize("model_name", list(MODELS))
+@pytest.mark.parametrize("config_name", ["per_tensor", "per_channel", "dynamic", "narrow"])
+def test_annotations_match_torchao_ptq(model_name, config_name):
+    kw = CONFIG_KWARGS[config_name]
+    gm_ours, gm_theirs = _annotate_both(model_name, lambda q, cfg: q.set_global(cfg(**kw)))
+    annotations = assert_same_annotations(gm_ours, gm_theirs)
+    has_linear = any(n.target == torch.ops.aten.linear.default for n in gm_ours.graph.nodes)
+    if config_name != "dynamic" or has_linear:  # dynamic configs annotate linear only
+        assert annotations, "the quantizer annotated nothing"
+
+
+@pytest.mark.parametrize("model_name", ["conv_bn_relu", "residual", "conv1d_transpose",
+                                        "add_mul_cat", "mlp"])
+@pytest.mark.parametrize("config_name", ["qat", "qat_per_channel", "qat_dynamic"])
+def test_annotations_match_torchao_qat(model_name, config_name):
+    kw = CONFIG_KWARGS[config_name]
+    gm_ours, gm_theirs = _annotate_both(model_name, lambda q, cfg: q.set_global(cfg(**kw)),
+                                        train=True)
+    assert_same_annotations(gm_ours, gm_theirs)
+
+
+def test_qat_conv_bn_relu_output_on_relu():
+    gm, _ = _annotate_both("conv_bn_relu", lambda q, cfg: q.set_global(cfg(is_qat=True)), train=True)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    conv = nodes["conv2d"].meta["quantization_annotation"]
+    assert conv.output_qspec is None and len(conv.input_qspec_map) == 3
+    assert nodes["relu"].meta["quantization_annotation"].output_qspec is not None
+    # the second conv has no relu: conv+bn, output on the batch_norm node
+    assert nodes["batch_norm_1"].meta["quantization_annotation"].output_qspec is not None
+
+
+def test_scalar_operands_become_attributes():
+    gm, theirs = _annotate_both("add_mul_cat", lambda q, cfg: q.set_global(cfg()))
+    attrs = [n for n in gm.graph.nodes if n.op == "get_attr" and n.target.startswith("_tensor_constant_")]
+    assert [n.target for n in attrs] == ["_tensor_constant_0", "_tensor_constant_1"]
+    assert float(gm._tensor_constant_0) == 1.0 and float(gm._tensor_constant_1) == 0.5
+    assert all(isinstance(n.meta["val"], torch._subclasses.FakeTensor) for n in attrs)
+
+
+def _module_config_setup(q, cfg):
+    q.set_global(cfg())
+    q.set_module_name("sub", cfg(is_per_channel=True))
+    q.set_module_type(nn.Linear, cfg(act_qmin=-100, act_qmax=100))
+
+
+def test_module_name_and_type_precedence_matches_torchao():
+    gm_ours, gm_theirs = _annotate_both("nested", _module_config_setup)
+    annotations = assert_same_annotations(gm_ours, gm_theirs)
+    # module name beats module type: sub.fc is per channel; other.fc has the narrowed range
+    weight_specs = {name: a["inputs"][1][1] for name, a in annotations.items()
+                    if name.startswith("linear") and len(a["inputs"]) > 1}
+    assert sorted(s[4] for s in weight_specs.values()).count("per_channel_symmetric") == 1
+
+
+def test_module_type_only_config_matches_torchao():
+    def setup(q, cfg):
+        q.set_module_type(Block, cfg(is_per_channel=True))
+    gm_ours, gm_theirs = _annotate_both("nested", setup)
+    annotations = assert_same_annotations(gm_ours, gm_theirs)
+    assert "conv2d" not in annotations  # the stem is outside every Block: no global config
+
+
+def test_set_module_name_none_rejected():
+    with pytest.raises(ValueError, match="quantization_config=None"):
+        tq_xnn.XNNPACKQuantizer().set_module_name("sub", None)
+
+
+def test_supported_operators_match_torchao():
+    ours = tq_xnn.XNNPACKQuantizer
+    theirs = ao_xnn.XNNPACKQuantizer
+    assert len(ours.get_supported_operators()) == len(theirs.get_supported_operators())
+    assert len(ours.get_supported_quantization_configs()) == 4
+    assert ours.get_supported_operator_for_quantization_config(
+        tq_xnn.get_symmetric_quantization_config()) == [[torch.nn.Conv2d, torch.nn.ReLU],
+        [torch.nn.Conv2d, torch.nn.functional.relu], [torch.nn.functional.conv2d, torch.nn.ReLU],
+        [torch.nn.functional.conv2d, torch.nn.functional.relu]]
+    assert len(ours.get_supported_operator_for_quantization_config(None)) == \
+           len(theirs.get_supported_operator_for_quantization_config(None))
+    assert ours.STATIC_OPS == theirs.STATIC_OPS
+    assert ours.STATIC_QAT_ONLY_OPS == theirs.STATIC_QAT_ONLY_OPS
+    assert ours.DYNAMIC_OPS == theirs.DYNAMIC_OPS
+    assert issubclass(ours, Quantizer)
+
+
+def test_no_deprecation_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tq_xnn.XNNPACKQuantizer()
