@@ -129,11 +129,12 @@ class Conv1dTranspose(nn.Module):
         self.bnt = nn.BatchNorm2d(4)
         self.convt2 = nn.ConvTranspose2d(4, 4, 3)
         self.conv1d_b = nn.Conv1d(4, 4, 1)
+        self.relu2 = nn.ReLU()  # one ReLU module used twice makes a two-output partition
 
     def forward(self, x1, x2):
         y1 = self.relu(self.conv1d(x1))
         y1 = self.bn1d(self.conv1d_b(y1))
-        y2 = self.relu(self.bnt(self.convt(x2)))
+        y2 = self.relu2(self.bnt(self.convt(x2)))
         y2 = torch.relu(self.convt2(y2))
         return y1, y2
 

@@ -4,6 +4,7 @@ annotations on the same nodes (spec fields, observer class names and arguments, 
 targets, ``_annotated`` flags)."""
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -16,6 +17,32 @@ from torchquant.quantization.quantizer import QuantizationConfig, Quantizer
 from torchquant.quantization.quantizer import xnnpack_quantizer as tq_xnn
 
 ao_xnn = pytest.importorskip("torchao.testing.pt2e._xnnpack_quantizer")
+ao_xnn_utils = pytest.importorskip("torchao.testing.pt2e._xnnpack_quantizer_utils")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cache_torchao_qat_patterns():
+    """torchao re-exports its conv+bn patterns (8 torch.export calls) on every QAT annotate;
+    the patterns depend only on the closure of the pattern function, so the oracle reuses them
+    across tests (a speed-up of the oracle only: each call gets a fresh copy)."""
+    original = ao_xnn_utils._get_aten_graph_module_for_pattern
+    cache = {}
+
+    def cached(pattern, example_inputs, is_cuda=False, **kwargs):
+        fn = getattr(pattern, "fn", None)
+        if fn is None or kwargs:
+            return original(pattern, example_inputs, is_cuda, **kwargs)
+        key = (fn.__code__, tuple(c.cell_contents for c in fn.__closure__ or ()),
+               tuple(tuple(x.shape) for x in example_inputs), is_cuda)
+        if key not in cache:
+            cache[key] = original(pattern, example_inputs, is_cuda)
+        with warnings.catch_warnings():  # pytree's LeafSpec FutureWarning from deepcopy
+            warnings.simplefilter("ignore", FutureWarning)
+            return copy.deepcopy(cache[key])  # the matcher rewrites the pattern's output
+
+    ao_xnn_utils._get_aten_graph_module_for_pattern = cached
+    yield
+    ao_xnn_utils._get_aten_graph_module_for_pattern = original
 
 CONFIG_KWARGS = {
     "per_tensor": {},
@@ -109,7 +136,9 @@ def test_annotations_match_torchao_qat(model_name, config_name):
 
 
 def test_qat_conv_bn_relu_output_on_relu():
-    gm, _ = _annotate_both("conv_bn_relu", lambda q, cfg: q.set_global(cfg(is_qat=True)), train=True)
+    gm, _ = export_twice("conv_bn_relu", train=True)
+    quantizer = tq_xnn.XNNPACKQuantizer().set_global(tq_xnn.get_symmetric_quantization_config(is_qat=True))
+    quantizer.annotate(quantizer.transform_for_annotation(gm))
     nodes = {n.name: n for n in gm.graph.nodes}
     conv = nodes["conv2d"].meta["quantization_annotation"]
     assert conv.output_qspec is None and len(conv.input_qspec_map) == 3
