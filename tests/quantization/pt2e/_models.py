@@ -181,6 +181,17 @@ class Nested(nn.Module):
         return self.head(torch.flatten(F.adaptive_avg_pool2d(y, 1), 1))
 
 
+class GRUHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gru = nn.GRU(4, 4, batch_first=True)
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x, h):
+        y, h_out = self.gru(x, h)
+        return self.fc(y), h_out
+
+
 MODELS = {
     "conv_bn_relu": (ConvBnRelu, lambda: (torch.randn(2, 3, 8, 8),)),
     "mlp": (MLP, lambda: (torch.randn(4, 16),)),
@@ -194,9 +205,14 @@ MODELS = {
 }
 
 
+EXTRA_MODELS = {
+    "gru": (GRUHead, lambda: (torch.randn(2, 3, 4), torch.randn(1, 2, 4))),
+}
+
+
 def export_twice(name: str, train: bool = False):
     """Two independent exports (one per quantizer) of one seeded model."""
-    cls, make_inputs = MODELS[name]
+    cls, make_inputs = {**MODELS, **EXTRA_MODELS}[name]
     torch.manual_seed(0)
     model = cls().train(train)
     inputs = make_inputs()

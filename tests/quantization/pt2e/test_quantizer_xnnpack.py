@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from _annotation_compare import assert_same_annotations, ctr_summary
+from _annotation_compare import assert_same_annotations, ctr_summary, graph_annotations
 from _models import MODELS, Block, export_twice
 from torchquant.quantization.quantizer import QuantizationConfig, Quantizer
 from torchquant.quantization.quantizer import xnnpack_quantizer as tq_xnn
@@ -145,6 +145,20 @@ def test_qat_conv_bn_relu_output_on_relu():
     assert nodes["relu"].meta["quantization_annotation"].output_qspec is not None
     # the second conv has no relu: conv+bn, output on the batch_norm node
     assert nodes["batch_norm_1"].meta["quantization_annotation"].output_qspec is not None
+
+
+def test_gru_io_only():
+    """Both GRU inputs and both outputs are quantized.  torchao annotates one of the two inputs,
+    chosen by set order (it varies between runs): its edges are a subset of ours, the rest
+    of the graph is the same."""
+    gm_ours, gm_theirs = _annotate_both("gru", lambda q, cfg: q.set_global(cfg()))
+    ours, theirs = graph_annotations(gm_ours), graph_annotations(gm_theirs)
+    assert sorted(ours) == sorted(theirs)
+    gru_ours, gru_theirs = ours.pop("gru"), theirs.pop("gru")
+    assert [name for name, _ in gru_ours["inputs"]] == ["x", "h"]
+    assert set(gru_theirs["inputs"]) <= set(gru_ours["inputs"]) and len(gru_theirs["inputs"]) == 1
+    assert ours == theirs
+    assert ours["getitem"]["output"] is not None and ours["getitem_1"]["output"] is not None
 
 
 def test_scalar_operands_become_attributes():

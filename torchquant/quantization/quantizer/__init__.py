@@ -36,4 +36,8 @@ __all__ = [
     "get_output_act_qspec",
     "get_weight_qspec",
     "get_bias_qspec",
+    # also importable from here (torchao keeps them in torchao.quantization.pt2e)
+    "ObserverOrFakeQuantize",
+    "ObserverOrFakeQuantizeConstructor",
+    "Q_ANNOTATION_KEY",
 ]

@@ -13,7 +13,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-import torch
 from torch import Tensor
 from torch.fx import GraphModule, Node
 

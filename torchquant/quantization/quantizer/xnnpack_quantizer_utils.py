@@ -230,18 +230,28 @@ def _annotate_conv_transpose_bn_relu(gm, config, filter_fn=None):
 @register_annotator("gru_io_only")
 def _annotate_gru_io_only(gm: GraphModule, config: Optional[QuantizationConfig],
                           filter_fn: FilterFn = None) -> list[list[Node]]:
-    """Quantize only a GRU's two inputs (at their first user) and two outputs."""
+    """Quantize only a GRU's two inputs (at their first user) and two outputs.
+
+    [TQ] torchao takes the inputs in set order and, when both feed the same node (the aten.gru
+    op of an exported nn.GRU), the second annotation replaces the first: which input gets
+    quantized varies from run to run.  Here the inputs are taken in graph order and both edges
+    are annotated.
+    """
     found = get_source_partitions(gm.graph, [torch.nn.GRU], filter_fn)
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
     partitions = []
     for gru in itertools.chain.from_iterable(found.values()):
         partitions.append(gru.nodes)
-        inputs, outputs = gru.input_nodes, gru.output_nodes
+        inputs = sorted(gru.input_nodes, key=position.__getitem__)
+        outputs = sorted(gru.output_nodes, key=position.__getitem__)
         if _is_annotated(inputs + outputs):
             continue
+        fresh: dict[Node, QuantizationAnnotation] = {}
         for value in inputs[:2]:
             first_user = next(iter(value.users))
-            first_user.meta[Q_ANNOTATION_KEY] = QuantizationAnnotation(
-                input_qspec_map={value: get_input_act_qspec(config)}, _annotated=True)
+            annotation = fresh.setdefault(first_user, QuantizationAnnotation(_annotated=True))
+            annotation.input_qspec_map[value] = get_input_act_qspec(config)
+            first_user.meta[Q_ANNOTATION_KEY] = annotation
         if len(outputs) != 2:
             raise ValueError(f"expected the GRU partition to have two outputs, got {outputs}")
         for out in outputs:
