@@ -218,3 +218,35 @@ def test_no_deprecation_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tq_xnn.XNNPACKQuantizer()
+
+
+def test_operator_type_config_applies():
+    """[TQ] torchao ignores set_operator_type; here linear nodes take the operator-type config,
+    the rest the global one; a linear followed by relu falls back to the plain linear pattern."""
+    gm, _ = export_twice("mlp")
+    narrow = tq_xnn.get_symmetric_quantization_config(act_qmin=-100, act_qmax=100)
+    quantizer = (tq_xnn.XNNPACKQuantizer()
+                 .set_global(tq_xnn.get_symmetric_quantization_config())
+                 .set_operator_type(torch.ops.aten.linear, narrow))
+    quantizer.annotate(quantizer.transform_for_annotation(gm))
+    linears = [n for n in gm.graph.nodes if n.target == torch.ops.aten.linear.default]
+    assert len(linears) == 4
+    for linear in linears:
+        annotation = linear.meta["quantization_annotation"]
+        assert annotation.input_qspec_map[linear.args[0]] is narrow.input_activation
+        assert annotation.output_qspec is narrow.output_activation
+    relu = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.relu.default)
+    # the relu shares the linear's observer (propagation), it is not a linear+relu output
+    assert relu.meta["quantization_annotation"].output_qspec.edge_or_node is linears[0]
+
+    # module configs still win over operator-type configs
+    gm, _ = export_twice("nested")
+    quantizer = (tq_xnn.XNNPACKQuantizer()
+                 .set_operator_type(torch.ops.aten.linear, narrow)
+                 .set_module_name("sub", tq_xnn.get_symmetric_quantization_config(is_per_channel=True)))
+    quantizer.annotate(quantizer.transform_for_annotation(gm))
+    by_name = {n.name: n for n in gm.graph.nodes}
+    sub_fc, other_fc = by_name["linear"], by_name["linear_1"]
+    assert sub_fc.meta["quantization_annotation"].input_qspec_map[sub_fc.args[1]].qscheme == torch.per_channel_symmetric
+    assert other_fc.meta["quantization_annotation"].input_qspec_map[other_fc.args[0]] is narrow.input_activation
+    assert "quantization_annotation" not in by_name["conv2d"].meta  # no global config

@@ -5,8 +5,11 @@ Annotation order (earlier patterns claim nodes first): QAT-only conv+bn[+relu] a
 conv_transpose+bn[+relu], then linear+relu, linear, conv+relu, conv, conv_transpose+relu,
 adaptive_avg_pool2d, GRU inputs/outputs, add+relu, add, mul+relu, mul, cat; dynamic configs
 annotate linear only.  Finally shape / pooling ops after a quantized node share its observer.
-Config precedence: module name > module type > global; ``set_operator_type`` is stored but,
-as in torchao, not consulted by ``annotate``.
+Config precedence: module name > module type > operator type > global.  [TQ] torchao stores
+``set_operator_type`` configs but never applies them; here every operator node of that type
+(e.g. ``torch.ops.aten.linear``) is annotated with its config, and fused patterns apply only
+when all their operator nodes are of that type (a linear+relu pair falls back to the plain
+linear pattern).
 """
 from __future__ import annotations
 
@@ -111,6 +114,19 @@ def _get_module_type_filter(tp: Callable) -> Callable[[Node], bool]:
     return module_type_filter
 
 
+def _is_call_of(n: Node, operator_type: Any) -> bool:
+    """``n`` calls ``operator_type`` (an op packet such as ``torch.ops.aten.linear``, or one
+    of its overloads)."""
+    return n.op == "call_function" and (
+        n.target == operator_type or getattr(n.target, "overloadpacket", None) == operator_type)
+
+
+def _get_operator_type_filter(operator_type: Any) -> Callable[[Node], bool]:
+    """``fn(node)``: True for a call of ``operator_type`` and for the non-call nodes (weights,
+    biases) a pattern carries along."""
+    return lambda n: n.op != "call_function" or _is_call_of(n, operator_type)
+
+
 def _get_not_module_type_or_name_filter(tp_list: list[Callable], module_name_list: list[str]
                                         ) -> Callable[[Node], bool]:
     filters = ([_get_module_type_filter(tp) for tp in tp_list]
@@ -162,6 +178,8 @@ class XNNPACKQuantizer(Quantizer):
 
     def set_operator_type(self, operator_type: Any,
                           quantization_config: QuantizationConfig) -> "XNNPACKQuantizer":
+        """Use ``quantization_config`` for the nodes of ``operator_type``, an op packet such as
+        ``torch.ops.aten.conv2d`` (or one of its overloads)."""
         self.operator_type_config[operator_type] = quantization_config
         return self
 
@@ -212,8 +230,14 @@ class XNNPACKQuantizer(Quantizer):
             annotate_patterns(model, config, get_module_name_filter(module_name))
         for module_type, config in self.module_type_config.items():
             annotate_patterns(model, config, _get_module_type_filter(module_type))
-        annotate_patterns(model, self.global_config, _get_not_module_type_or_name_filter(
-            list(self.module_type_config), list(self.module_name_config)))
+        not_module = _get_not_module_type_or_name_filter(list(self.module_type_config),
+                                                         list(self.module_name_config))
+        for operator_type, config in self.operator_type_config.items():
+            of_type = _get_operator_type_filter(operator_type)
+            annotate_patterns(model, config, lambda n, f=of_type: not_module(n) and f(n))
+        operator_types = list(self.operator_type_config)
+        annotate_patterns(model, self.global_config, lambda n: not_module(n) and not any(
+            _is_call_of(n, t) for t in operator_types))
 
     def validate(self, model: GraphModule) -> None:
         pass
