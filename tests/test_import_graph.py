@@ -29,7 +29,6 @@ _LAYER_OF_TOP = {"dtypes": "dtypes", "affine": "affine", "kernels": "kernels", "
 
 # (importing module, imported module) pairs that go up a layer inside a function.
 KNOWN_UPWARD = {
-    ("torchquant.affine", "torchquant.kernels"),
     ("torchquant.nn.quantized.modules.embedding_ops", "torchquant.quantization.qconfig"),
     ("torchquant.nn.quantized.modules.activation_mha", "torchquant.quantization.quantize"),
     ("torchquant.nn.quantized.modules.rnn", "torchquant.quantization.quantize"),

@@ -8,7 +8,9 @@ This package is the only caller of the kernel registry for these computations.
 """
 from __future__ import annotations
 
-from . import binary, conv, linear, normalization, pooling, quantize
+from . import (binary, conv, fake_quantize, linear, normalization, pooling, quantize,
+               quantize_block, quantize_dynamic)
 from ._library import traced
 
-__all__ = ["binary", "conv", "linear", "normalization", "pooling", "quantize", "traced"]
+__all__ = ["binary", "conv", "fake_quantize", "linear", "normalization", "pooling", "quantize",
+           "quantize_block", "quantize_dynamic", "traced"]

@@ -31,6 +31,7 @@ from typing import Any, Optional, Union
 import torch
 
 from .. import affine
+from ..ops import quantize as ops_quantize
 from .. import dtypes as _dt
 from .granularity import Granularity, MappingType, TorchAODType, ZeroPointDomain, get_block_size
 
@@ -222,7 +223,7 @@ def quantize_affine(input: torch.Tensor, block_size: tuple[int, ...], scale: tor
         offset = no_offset
     else:
         offset = no_offset
-    q = affine.quantize_int(x, scale_b, offset, qmin, qmax, storage, None, affine.ROUND_ADD)
+    q = ops_quantize.quantize_int(x, scale_b, offset, qmin, qmax, storage, None, affine.ROUND_ADD)
     return q.reshape(input.shape)
 
 
@@ -246,13 +247,13 @@ def dequantize_affine(input: torch.Tensor, block_size: tuple[int, ...], scale: t
     q = input.reshape(view_shape)
     if domain == "INT":
         zp_b = _integral_zero_point(_as_block_param(_require(zero_point), qshape, "zero_point"))
-        out = affine.dequantize_int(q, scale_b, zp_b)
+        out = ops_quantize.dequantize_int(q, scale_b, zp_b)
     elif domain == "FLOAT":
         mid = torch.tensor((qmax + qmin + 1) / 2, dtype=torch.float32, device=input.device)
         zp_b = _as_block_param(_require(zero_point), qshape, "zero_point").to(torch.float32)
-        out = affine.dequantize_int(q, scale_b, mid) + zp_b
+        out = ops_quantize.dequantize_int(q, scale_b, mid) + zp_b
     else:
-        out = affine.dequantize_int(q, scale_b, torch.zeros((), dtype=torch.int32,
+        out = ops_quantize.dequantize_int(q, scale_b, torch.zeros((), dtype=torch.int32,
                                                             device=input.device))
     return out.reshape(input.shape).to(output_dtype)
 

@@ -5,7 +5,7 @@ keeps the resulting ``scale`` / ``zero_point`` in buffers, and rounds its input 
 with a straight-through gradient.  Two buffers switch the halves independently
 (``observer_enabled``, ``fake_quant_enabled``); they are tensors, not Python flags, so they are
 saved in state dicts and broadcast by DDP.  The elementwise math is
-:func:`torchquant.affine.fake_quantize` (bit-exact with torch's fake-quantize ops).
+:func:`torchquant.ops.fake_quantize.fake_quantize` (bit-exact with torch's fake-quantize ops).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .. import affine
+from ..ops import fake_quantize as ops_fake_quantize
 from .. import dtypes as _dt
 from .observer import (
     FixedQParamsObserver,
@@ -152,9 +153,9 @@ class FakeQuantize(FakeQuantizeBase):
 
     def _fake_quantize(self, x: torch.Tensor) -> torch.Tensor:
         axis = self.ch_axis if self.is_per_channel else None
-        return affine.fake_quantize(x, self.scale, self.zero_point,
-                                    self.activation_post_process.quant_min,
-                                    self.activation_post_process.quant_max, axis)
+        return ops_fake_quantize.fake_quantize(x, self.scale, self.zero_point,
+                                               self.activation_post_process.quant_min,
+                                               self.activation_post_process.quant_max, axis)
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         if self.observer_enabled[0] == 1:
@@ -404,9 +405,9 @@ class _LearnableFakeQuantize(FakeQuantizeBase):
                 self.zero_point.data.zero_()
             grad_factor = 1.0 / (X.numel() * self.quant_max) ** 0.5 if self.use_grad_scaling else 1.0
             per_channel = self.qscheme in (_dt.per_channel_symmetric, _dt.per_channel_affine)
-            X = affine.fake_quantize_learnable(X, self.scale, self.zero_point, self.quant_min,
-                                               self.quant_max,
-                                               self.ch_axis if per_channel else None, grad_factor)
+            X = ops_fake_quantize.fake_quantize_learnable(
+                X, self.scale, self.zero_point, self.quant_min, self.quant_max,
+                self.ch_axis if per_channel else None, grad_factor)
         return X
 
 
