@@ -79,12 +79,12 @@ def map_dequantized(q: QTensor, fn: FloatFn, out_scale: float, out_zero_point: i
     def vector_path(values: torch.Tensor) -> torch.Tensor:
         y = fn(affine.dequantize_int_premul(values, scale, zero_point))
         return ops_quantize.quantize_with_multiplier(y, inv_out, out_zero_point, qd.qmin, qd.qmax,
-                                               qd.storage_dtype, affine.ROUND_ADD)
+                                                     qd.storage_dtype, affine.ROUND_ADD)
 
     def tail_path(values: torch.Tensor) -> torch.Tensor:
         y = tail_fn(ops_quantize.dequantize_int(values, q.scale, q.zero_point))
         return ops_quantize.quantize_with_multiplier(y, inv_out, out_zero_point, qd.qmin, qd.qmax,
-                                               qd.storage_dtype, affine.MUL_ADD)
+                                                     qd.storage_dtype, affine.MUL_ADD)
 
     values = q._values()
     if contiguous_input:

@@ -39,7 +39,8 @@ __all__ = [
     "quantize_with_multiplier_operands", "finite_per_tensor_operands",
     "block_layout", "block_qparam_shape", "block_qparams_view", "quantize_block_operands",
     "dequantize_block_operands", "quantize_block", "dequantize_block", "group_block_size",
-    "fake_quantize", "fake_quantize_with_mask", "fake_quantize_args", "fake_quantize_ste", "fake_quantize_learnable", "pack_sub_byte", "unpack_sub_byte", "inv_scale_f32",
+    "fake_quantize", "fake_quantize_with_mask", "fake_quantize_args", "fake_quantize_ste",
+    "fake_quantize_learnable", "pack_sub_byte", "unpack_sub_byte", "inv_scale_f32",
     "check_scale", "check_zero_point", "quantize_mode",
     "choose_qparams_aten_scalar", "requantize",
     "dequantize_int_premul", "quantize_with_multiplier", "quantize_float64", "quantize_scalar",
@@ -447,8 +448,10 @@ def quantize_finite_per_tensor(x: torch.Tensor, scale: float, zero_point: int, q
 
 
 def dequantize_operands(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
-                        axis: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-    """(q, scale, zero point, per_channel) for :func:`dequantize_formula`, broadcast along ``axis``."""
+                        axis: Optional[int]
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """(q, scale, zero point, per_channel) for :func:`dequantize_formula`, broadcast along
+    ``axis``."""
     return (q, _broadcast(scale, q.dim(), axis), _broadcast(zero_point, q.dim(), axis),
             axis is not None)
 
@@ -758,13 +761,16 @@ def _f32(value: float) -> float:
 
 def choose_qparams_aten_scalar(min_val: float, max_val: float, qmin: int, qmax: int,
                                preserve_sparsity: bool = False,
-                               reduce_range: bool = False) -> tuple[float, int]:
+                               reduce_range: bool = False,
+                               float32_scale: bool = True) -> tuple[float, int]:
     """:func:`choose_qparams_aten` for one (min, max) pair of Python floats.
 
     Dynamic quantization picks activation qparams on every call; the tensor version costs ~40
     tiny tensor ops, this one a few microseconds of Python.  Same arithmetic step for step
     (float32 steps emulated with :func:`_f32`), so the results are identical (tested); returns
-    (scale as a float32 value, zero_point).
+    (scale as a float32 value, zero_point).  ``float32_scale=False`` returns the scale as the
+    double ATen computes (what ``torch.quantize_per_tensor_dynamic`` stores as ``q_scale``);
+    quantizing rounds it to float32 either way.
     """
     if reduce_range:
         qmin, qmax = qmin // 2, qmax // 2
@@ -800,7 +806,7 @@ def choose_qparams_aten_scalar(min_val: float, max_val: float, qmin: int, qmax: 
     if straddles:
         zp = (qmin + qmax) / 2
     zero_point = qmin if zp < qmin else qmax if zp > qmax else int(round(zp))
-    return _f32(scale), zero_point
+    return (_f32(scale) if float32_scale else scale), zero_point
 
 
 def requantize(acc: torch.Tensor, multiplier: torch.Tensor, offset: torch.Tensor, qmin: int,

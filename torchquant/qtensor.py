@@ -629,9 +629,10 @@ def _copy_(func, dst, src, non_blocking=False):
         return dst
     if not src.dtype.is_floating_point:
         raise TypeError(f"QTensor.copy_ needs a float or quantized source, got {src.dtype}")
-    vals = ops_quantize.quantize_int(src.expand(dst.shape), dst.scale, dst.zero_point, dst.qdtype.qmin,
-                               dst.qdtype.qmax, dst.qdtype.storage_dtype, dst.axis,
-                               affine.quantize_mode(dst.qdtype, dst.axis is not None))
+    vals = ops_quantize.quantize_int(src.expand(dst.shape), dst.scale, dst.zero_point,
+                                     dst.qdtype.qmin, dst.qdtype.qmax, dst.qdtype.storage_dtype,
+                                     dst.axis,
+                                     affine.quantize_mode(dst.qdtype, dst.axis is not None))
     if dst.qdtype.is_sub_byte:
         dst.int_data.copy_(affine.pack_sub_byte(vals, dst.qdtype.bits))
     else:
@@ -683,7 +684,8 @@ def _mean(func, q, *args, **kwargs):
         _unsupported("mean", q)
     out = func(q.dequantize(), *args, **kwargs)
     vals = ops_quantize.quantize_int(out, q.scale, q.zero_point, q.qdtype.qmin, q.qdtype.qmax,
-                               q.qdtype.storage_dtype, None, affine.quantize_mode(q.qdtype, False))
+                                     q.qdtype.storage_dtype, None,
+                                     affine.quantize_mode(q.qdtype, False))
     return q._with(vals)
 
 
@@ -755,8 +757,8 @@ def _cat_inputs(tensors, what):
 
 def _requantize(t: QTensor, like: QTensor) -> torch.Tensor:
     vals = ops_quantize.quantize_int(t.dequantize(), like.scale, like.zero_point, like.qdtype.qmin,
-                               like.qdtype.qmax, like.qdtype.storage_dtype, None,
-                               affine.quantize_mode(like.qdtype, False))
+                                     like.qdtype.qmax, like.qdtype.storage_dtype, None,
+                                     affine.quantize_mode(like.qdtype, False))
     return like._with(vals)
 
 

@@ -33,7 +33,7 @@ def _make(x: torch.Tensor, scale_t: torch.Tensor, zp_t: torch.Tensor, qdtype: _d
           axis) -> QTensor:
     mode = affine.quantize_mode(qdtype, axis is not None)
     vals = ops_quantize.quantize_int(x, scale_t.to(x.device), zp_t.to(x.device), qdtype.qmin,
-                               qdtype.qmax, qdtype.storage_dtype, axis, mode)
+                                     qdtype.qmax, qdtype.storage_dtype, axis, mode)
     scale_t, zp_t = scale_t.to(x.device), zp_t.to(x.device)
     if qdtype.is_sub_byte:
         return QTensor(affine.pack_sub_byte(vals, qdtype.bits), scale_t, zp_t, qdtype, axis,

@@ -108,7 +108,7 @@ def _add(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: f
         if relu:
             total = torch.clamp(total, min=0.0)
         return ops_quantize.quantize_with_multiplier(total, inv_out, out_zp, qd.qmin, qd.qmax,
-                                               qd.storage_dtype, affine.MUL_ADD)
+                                                     qd.storage_dtype, affine.MUL_ADD)
 
     out = _lanes.apply([a, b], vector_path, tail_path, _lanes.lane_count(qd.storage_dtype),
                        _lanes.suggested_format(a))
@@ -155,8 +155,8 @@ def _mul(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: f
     wide = torch.int64 if qd.bits > 16 else torch.int32  # 8-bit products fit in int32
     product = (a.to(wide) - a_zp) * (b.to(wide) - b_zp)
     return ops_quantize.quantize_with_multiplier(product, multiplier, out_zp,
-                                           out_zp if relu else qd.qmin, qd.qmax,
-                                           qd.storage_dtype, affine.ROUND_ADD)
+                                                 out_zp if relu else qd.qmin, qd.qmax,
+                                                 qd.storage_dtype, affine.ROUND_ADD)
 
 
 @torch.library.custom_op("torchquant::mul", mutates_args=())
@@ -196,8 +196,8 @@ def _is_cat_nhwc_fast_path(tensors: Sequence[torch.Tensor], dim: int) -> bool:
 
 def _requantize_float(x: torch.Tensor, scale: float, zp: int, out_scale: float, out_zp: int,
                       qd: _dt.QDType) -> torch.Tensor:
-    return ops_quantize.quantize_per_tensor_int(ops_quantize.dequantize_per_tensor_int(x, scale, zp),
-                                          out_scale, out_zp, qd)
+    return ops_quantize.quantize_per_tensor_int(
+        ops_quantize.dequantize_per_tensor_int(x, scale, zp), out_scale, out_zp, qd)
 
 
 def _cat_nhwc_part(x: torch.Tensor, scale: float, zp: int, out_scale: float, out_zp: int,
@@ -206,9 +206,9 @@ def _cat_nhwc_part(x: torch.Tensor, scale: float, zp: int, out_scale: float, out
     if scale == out_scale and zp == out_zp:
         return x
     inv_out = affine.inv_scale_f32(torch.tensor(out_scale, device=x.device))
-    vector = ops_quantize.quantize_with_multiplier(affine.dequantize_int_premul(x, scale, zp), inv_out,
-                                             out_zp, qd.qmin, qd.qmax, qd.storage_dtype,
-                                             affine.ROUND_ADD)
+    vector = ops_quantize.quantize_with_multiplier(affine.dequantize_int_premul(x, scale, zp),
+                                                   inv_out, out_zp, qd.qmin, qd.qmax,
+                                                   qd.storage_dtype, affine.ROUND_ADD)
     split = x.shape[1] // _CAT_NHWC_LANES * _CAT_NHWC_LANES
     if split < x.shape[1]:
         rest = x[:, split:]
@@ -281,8 +281,8 @@ def _add_scalar(x: torch.Tensor, scale: float, zp: int, other: float, out_scale:
     multiplier = _f32(scale, device) * affine.inv_scale_f32(torch.tensor(out_scale, device=device))
     moved = x.to(torch.int64) - zp + steps
     return ops_quantize.quantize_with_multiplier(moved, multiplier, out_zp,
-                                           out_zp if relu else qd.qmin, qd.qmax,
-                                           qd.storage_dtype, affine.ROUND_ADD)
+                                                 out_zp if relu else qd.qmin, qd.qmax,
+                                                 qd.storage_dtype, affine.ROUND_ADD)
 
 
 @torch.library.custom_op("torchquant::add_scalar", mutates_args=())
@@ -402,7 +402,7 @@ def _prelu(x: torch.Tensor, x_scale: float, x_zp: int, weight: torch.Tensor, w_s
     multiplier = (_f32(x_scale, device) * _f32(w_scale, device)
                   * affine.inv_scale_f32(torch.tensor(out_scale, device=device)))
     return ops_quantize.quantize_with_multiplier(acc, multiplier, out_zp, qd.qmin, qd.qmax,
-                                           qd.storage_dtype, affine.ROUND_ADD)
+                                                 qd.storage_dtype, affine.ROUND_ADD)
 
 
 @torch.library.custom_op("torchquant::prelu", mutates_args=())

@@ -67,8 +67,8 @@ def _batch_norm(x: torch.Tensor, x_scale: float, x_zp: int, weight: Optional[tor
     beta = beta.to(x.device).reshape(shape).double()
     shifted = (x.to(torch.int64) - x_zp).double()
     y = (alpha * shifted + beta).to(torch.float32)  # float64 holds the fma exactly here
-    return ops_quantize.quantize_with_multiplier(y, 1.0, out_zp, out_zp if relu else qd.qmin, qd.qmax,
-                                           qd.storage_dtype, affine.ROUND_ADD)
+    return ops_quantize.quantize_with_multiplier(y, 1.0, out_zp, out_zp if relu else qd.qmin,
+                                                 qd.qmax, qd.storage_dtype, affine.ROUND_ADD)
 
 
 @torch.library.custom_op("torchquant::batch_norm", mutates_args=())

@@ -291,7 +291,7 @@ def _requantize_mean(sums: torch.Tensor, valid: torch.Tensor, divisor: torch.Ten
     acc = sums - valid.to(sums.device, sums.dtype) * zero_point
     multiplier = affine.inv_scale_f32(divisor.to(sums.device, torch.float32))
     return ops_quantize.quantize_with_multiplier(acc, multiplier, zero_point, qd.qmin, qd.qmax,
-                                           qd.storage_dtype, affine.MUL_ADD)
+                                                 qd.storage_dtype, affine.MUL_ADD)
 
 
 def _avg_pool(values: torch.Tensor, zero_point: int, qd: _dt.QDType, ndim: int,
@@ -382,7 +382,7 @@ def _requantize_acc(acc: torch.Tensor, multiplier, zero_point: int, qd) -> torch
     """``nearbyint(acc * multiplier + zp)`` (MUL_ADD) for exact integer ``acc``:
     :func:`_requantize_mean` with Python-number qparams."""
     return ops_quantize.quantize_with_multiplier(acc, multiplier, zero_point, qd.qmin, qd.qmax,
-                                           qd.storage_dtype, affine.MUL_ADD)
+                                                 qd.storage_dtype, affine.MUL_ADD)
 
 
 def _mean_formula(sums: torch.Tensor, count: int, zero_point: int, qd) -> torch.Tensor:

@@ -34,7 +34,8 @@ def block_size_of(shape: Sequence[int], block_size: Optional[Sequence[int]] = No
 
 def _check_range(dtype: torch.dtype, quant_min: int, quant_max: int) -> None:
     if dtype not in _STORAGE_DTYPES:
-        raise ValueError(f"quantize_per_block stores codes as one of {_STORAGE_DTYPES}, got {dtype}")
+        raise ValueError(f"quantize_per_block stores codes as one of {_STORAGE_DTYPES}, "
+                         f"got {dtype}")
     info = torch.iinfo(dtype)
     if not info.min <= quant_min <= quant_max <= info.max:
         raise ValueError(f"quant range [{quant_min}, {quant_max}] does not fit {dtype}")

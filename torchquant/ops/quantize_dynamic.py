@@ -3,7 +3,8 @@
 
 * per tensor (:func:`quantize_dynamic_per_tensor`): quint8 / qint8 with ATen's
   ``ChooseQuantizationParams`` rule, as torch's dynamic quantization
-  (``torch.quantize_per_tensor_dynamic``, ``torch._choose_qparams_per_tensor``).
+  (``torch.quantize_per_tensor_dynamic``, ``torch._choose_qparams_per_tensor``); the scale is
+  the double ATen computes, the integers use its float32 rounding as ATen's kernels do.
   ``reduce_range`` chooses the qparams for half the range (0..127 for quint8) as fbgemm's
   dynamic Linear does, while the values are still clamped to the full range.
 * per token (:func:`quantize_dynamic_per_token`): one symmetric int8 scale per row (all dims
@@ -45,7 +46,8 @@ def _quantize_dynamic_per_tensor(x: torch.Tensor, qdtype: _dt.QDType, reduce_ran
         mn = mx = 0.0
     # raises on NaN / Inf, so the finite quantize form applies
     scale, zero_point = affine.choose_qparams_aten_scalar(mn, mx, qdtype.qmin, qdtype.qmax,
-                                                          False, reduce_range)
+                                                          False, reduce_range,
+                                                          float32_scale=False)
     q = ops_quantize.quantize_finite_per_tensor(x, scale, zero_point, qdtype.qmin, qdtype.qmax,
                                                 qdtype.storage_dtype)
     return (q, torch.tensor(scale, dtype=torch.float64, device=x.device),

@@ -83,7 +83,7 @@ def _conv_float_out(x_int: torch.Tensor, x_scale: Any, x_zero_point: Any,
     """The float result ``conv(x_hat, w_hat, bias)`` before requantization (what a fused
     post-op such as an add works on)."""
     x_hat = ops_quantize.dequantize_int(x_int.contiguous(), torch.as_tensor(x_scale),
-                                  torch.as_tensor(x_zero_point))
+                                        torch.as_tensor(x_zero_point))
     return _FLOAT_CONV[packed.spatial_dims](x_hat, packed.dequantized_weight(), packed.bias,
                                             packed.stride, packed.padding, packed.dilation,
                                             packed.groups)
