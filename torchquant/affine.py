@@ -216,6 +216,13 @@ def choose_block_qparams(min_val: torch.Tensor, max_val: torch.Tensor, mapping_t
     return scale, min_neg + scale * ((quant_max + quant_min + 1) / 2)
 
 
+def _concrete(*tensors: torch.Tensor) -> bool:
+    """True when the tensors hold data Python may branch on: plain tensors outside a trace
+    (``torch.export`` / ``torch.compile`` see fake or functional tensors)."""
+    return (not torch.compiler.is_compiling()
+            and all(type(t) is torch.Tensor for t in tensors))
+
+
 def choose_qparams_aten(min_val: torch.Tensor, max_val: torch.Tensor, qmin: int, qmax: int,
                         preserve_sparsity: bool = False,
                         reduce_range: bool = False,
@@ -238,7 +245,8 @@ def choose_qparams_aten(min_val: torch.Tensor, max_val: torch.Tensor, qmin: int,
         qmin, qmax = qmin // 2, qmax // 2
     mn = min_val.detach().to(torch.float32)
     mx = max_val.detach().to(torch.float32)
-    if bool((mn > mx).any()):
+    concrete = _concrete(mn, mx)
+    if concrete and bool((mn > mx).any()):
         raise ValueError(f"choose_qparams: min {mn} must not exceed max {mx}")
     if preserve_sparsity:
         sym_qmin = -((qmax - qmin) // 2 + 1)
@@ -258,7 +266,7 @@ def choose_qparams_aten(min_val: torch.Tensor, max_val: torch.Tensor, qmin: int,
     if fbgemm:
         scale = scale.float().double()
     small = scale < SMALL_SCALE_THRESHOLD
-    if bool(small.any()):
+    if not concrete or bool(small.any()):  # (the where()s make the branch exact either way)
         thr = torch.tensor(SMALL_SCALE_THRESHOLD, dtype=torch.float32)
         org = scale.float()
         amplifier = thr / org

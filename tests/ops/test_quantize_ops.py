@@ -146,6 +146,26 @@ def test_fake_quantize_module_calls_the_op_function(monkeypatch):
         x, fq.scale, fq.zero_point.to(torch.int32), 0, 255))
 
 
+@pytest.mark.parametrize("backend", ["x86", "fbgemm", "qnnpack"])
+def test_export_qat_prepared_model_holds_fake_quantize_ops(backend):
+    """A QAT-prepared model (FakeQuantize / FusedMovingAvgObsFakeQuantize, per-tensor
+    activations, per-channel weights for x86) exports, once its observers are off, with
+    torchquant's fake-quantize nodes and the eager outputs.  (With observers on, the observers'
+    running statistics branch on data, as torch's do.)"""
+    import torchquant.quantization as tq
+    m = torch.nn.Sequential(tq.QuantStub(), torch.nn.Linear(8, 6), torch.nn.ReLU(),
+                            tq.DeQuantStub())
+    m.qconfig = tq.get_default_qat_qconfig(backend)
+    tq.prepare_qat(m.train(), inplace=True)
+    for _ in range(3):
+        m(torch.randn(16, 8))
+    m.eval().apply(tq.disable_observer)
+    x = torch.randn(4, 8)
+    ep = torch.export.export(m, (x,))
+    assert "torchquant.fake_quantize_per_tensor.default" in _targets(ep)
+    assert torch.equal(ep.module()(x), m(x))
+
+
 # --------------------------------------------------------------------------------------------
 # Per block / group
 # --------------------------------------------------------------------------------------------

@@ -438,9 +438,10 @@ def onednn_split_linear(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
 def _quantized_linear_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, relu):
     if not onednn_exact_for(x):  # would saturate on this CPU: two exact halves, float sum
         y = onednn_split_linear(x, x_scale, x_zp, packed)
-        return quantize_float_result(y.relu_() if relu else y, *affine.per_tensor_qparams(
-            out_scale, out_zp, y.device), out_qdtype.qmin, out_qdtype.qmax,
-            out_qdtype.storage_dtype, None, affine.quantize_mode(out_qdtype, per_channel=False))
+        scale, zero_point = affine.per_tensor_qparams(out_scale, out_zp, y.device)
+        return quantize_float_result(y.relu_() if relu else y, scale, zero_point,
+                                     out_qdtype.qmin, out_qdtype.qmax, out_qdtype.storage_dtype,
+                                     None, affine.quantize_mode(out_qdtype, per_channel=False))
     return torch.ops.onednn.qlinear_pointwise(
         x, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
         packed.channel_zero_point, packed.bias, float(out_scale), int(out_zp), None,
