@@ -33,9 +33,7 @@ _LAYER_OF_TOP = {"dtypes": "dtypes", "affine": "affine", "kernels": "kernels", "
 
 # (importing module, imported module) pairs that go up a layer (inside a function); they are
 # also the only edges the cycle check leaves out and the only function-local imports allowed.
-KNOWN_UPWARD = {
-    ("torchquant.affine", "torchquant.kernels"),  # affine's quantize dispatch (being moved out)
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 # Function-local torchquant imports allowed beyond KNOWN_UPWARD: (module, imported module,
 # why).  Only an optional part whose import would cost every user start-up time belongs here;

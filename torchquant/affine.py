@@ -1,8 +1,9 @@
 """The affine quantization math: ranges, qparam choice, quantize, dequantize, fake-quantize.
 
 Every other part of torchquant calls into this module; nothing re-implements these formulas.
-The elementwise functions dispatch through :mod:`torchquant.kernels` (a plain-torch reference
-here, faster variants registered there) so callers never pick a kernel themselves.
+Pure math: it imports only :mod:`torchquant.dtypes`.  The elementwise formulas here are the
+reference kernels :mod:`torchquant.kernels` registers (and compiles for its fast variants);
+:mod:`torchquant.ops.quantize` runs the same functions on the fastest kernel that applies.
 
 Rounding contract (measured against torch 2.13 on CPU, see ``tests/test_affine.py``).  torch's
 kernels do not all use one formula; with ``inv = float32(1 / float32(scale))``:
@@ -20,7 +21,7 @@ from __future__ import annotations
 import math
 import struct
 import warnings
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -31,8 +32,15 @@ __all__ = [
     "FMA", "MUL_ADD", "ROUND_ADD",
     "FP32_EPS", "calculate_qmin_qmax", "validate_qmin_qmax", "check_min_max_valid",
     "choose_qparams", "choose_block_qparams", "choose_qparams_aten",
-    "quantize_int", "dequantize_int",
-    "fake_quantize", "fake_quantize_learnable", "pack_sub_byte", "unpack_sub_byte", "inv_scale_f32",
+    "quantize_int", "dequantize_int", "quantize_per_tensor_int", "dequantize_per_tensor_int",
+    "quantize_finite_per_tensor", "per_tensor_qparams",
+    "eager_fma", "quantize_formula", "quantize_finite_formula", "dequantize_formula",
+    "fake_quantize_formula", "quantize_operands", "dequantize_operands",
+    "quantize_with_multiplier_operands", "finite_per_tensor_operands",
+    "block_layout", "block_qparam_shape", "block_qparams_view", "quantize_block_operands",
+    "dequantize_block_operands", "quantize_block", "dequantize_block", "group_block_size",
+    "fake_quantize", "fake_quantize_with_mask", "fake_quantize_args", "fake_quantize_ste",
+    "fake_quantize_learnable", "pack_sub_byte", "unpack_sub_byte", "inv_scale_f32",
     "check_scale", "check_zero_point", "quantize_mode",
     "choose_qparams_aten_scalar", "requantize",
     "dequantize_int_premul", "quantize_with_multiplier", "quantize_float64", "quantize_scalar",
@@ -208,6 +216,13 @@ def choose_block_qparams(min_val: torch.Tensor, max_val: torch.Tensor, mapping_t
     return scale, min_neg + scale * ((quant_max + quant_min + 1) / 2)
 
 
+def _concrete(*tensors: torch.Tensor) -> bool:
+    """True when the tensors hold data Python may branch on: plain tensors outside a trace
+    (``torch.export`` / ``torch.compile`` see fake or functional tensors)."""
+    return (not torch.compiler.is_compiling()
+            and all(type(t) is torch.Tensor for t in tensors))
+
+
 def choose_qparams_aten(min_val: torch.Tensor, max_val: torch.Tensor, qmin: int, qmax: int,
                         preserve_sparsity: bool = False,
                         reduce_range: bool = False,
@@ -230,7 +245,8 @@ def choose_qparams_aten(min_val: torch.Tensor, max_val: torch.Tensor, qmin: int,
         qmin, qmax = qmin // 2, qmax // 2
     mn = min_val.detach().to(torch.float32)
     mx = max_val.detach().to(torch.float32)
-    if bool((mn > mx).any()):
+    concrete = _concrete(mn, mx)
+    if concrete and bool((mn > mx).any()):
         raise ValueError(f"choose_qparams: min {mn} must not exceed max {mx}")
     if preserve_sparsity:
         sym_qmin = -((qmax - qmin) // 2 + 1)
@@ -250,7 +266,7 @@ def choose_qparams_aten(min_val: torch.Tensor, max_val: torch.Tensor, qmin: int,
     if fbgemm:
         scale = scale.float().double()
     small = scale < SMALL_SCALE_THRESHOLD
-    if bool(small.any()):
+    if not concrete or bool(small.any()):  # (the where()s make the branch exact either way)
         thr = torch.tensor(SMALL_SCALE_THRESHOLD, dtype=torch.float32)
         org = scale.float()
         amplifier = thr / org
@@ -299,8 +315,75 @@ def inv_scale_f32(scale: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# Quantize / dequantize / fake-quantize (dispatch to kernels)
+# Quantize / dequantize / fake-quantize: the reference formulas
 # --------------------------------------------------------------------------------------------
+# The elementwise formulas are written once, here, parameterised by the fused multiply-add to
+# use: :mod:`torchquant.kernels` registers them as the reference kernels and compiles exactly
+# this code for its fast variants.  The ``quantize_int`` / ``dequantize_int`` / ... functions
+# below run the plain formulas; :mod:`torchquant.ops.quantize` has the same functions on the
+# fastest kernel that applies (identical integers).  ``*_operands`` turn qparams into the
+# formulas' arguments, so both forms share them.
+
+def eager_fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``a * b + c`` with one rounding: torch's CPU ``addcmul`` kernel fuses it (tested)."""
+    return torch.addcmul(c, a, b)
+
+
+def quantize_formula(x: torch.Tensor, inv: torch.Tensor, zp: torch.Tensor, qmin: int, qmax: int,
+                     storage_dtype: torch.dtype, mode: str, fma: Callable = eager_fma,
+                     narrow_via_int32: bool = False) -> torch.Tensor:
+    """``clamp(nearbyint(...))`` of ``x`` by the rounding ``mode`` (module docstring); NaN maps
+    to the zero point."""
+    if mode == FMA:
+        y = torch.round(fma(x, inv, zp))
+    elif mode == MUL_ADD:
+        y = torch.round(x * inv + zp)
+    elif mode == ROUND_ADD:
+        y = torch.round(x * inv) + zp
+    else:
+        raise ValueError(f"unknown rounding mode {mode!r}")
+    # NaN has no integer image; torchquant maps it to the zero point (a documented safe value).
+    # ``y == y`` rather than ``isnan``: inductor vectorises the comparison but not isnan.
+    y = torch.where(y == y, y, zp)
+    if storage_dtype == torch.int32:
+        y = y.to(torch.float64)  # 2**31 - 1 is not a float32: clamp where it is representable
+    y = torch.clamp(y, qmin, qmax)
+    if narrow_via_int32 and storage_dtype != torch.int32:
+        # Exact (y is already in range); inductor's float->int32->8-bit path is ~2x faster
+        # than its direct float->8-bit conversion.
+        y = y.to(torch.int32)
+    return y.to(storage_dtype)
+
+
+def quantize_finite_formula(x: torch.Tensor, inv: torch.Tensor, zp: torch.Tensor, qmin: int,
+                            qmax: int, storage_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`quantize_formula` (FMA) for float32 input known to be finite: four eager ops, no
+    NaN mask -- the per-call cost that dominates small dynamic matmuls."""
+    y = torch.addcmul(zp, x, inv)
+    return y.round_().clamp_(qmin, qmax).to(storage_dtype)
+
+
+def dequantize_formula(q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor,
+                       per_channel: bool) -> torch.Tensor:
+    """``(q - zp) * scale`` in float32, rounded as torch's kernels round it."""
+    if per_channel and not zp.dtype.is_floating_point:
+        # torch's per-channel kernel keeps double scales and computes in double.
+        return ((q.to(torch.float64) - zp.to(torch.float64)) * scale.to(torch.float64)).to(torch.float32)
+    if q.dtype == torch.int32 and not zp.dtype.is_floating_point:
+        # Subtract exactly in integers, then round once (torch subtracts in int32 and wraps at
+        # the int32 boundary; int64 keeps those values right).
+        return (q.to(torch.int64) - zp.to(torch.int64)).to(torch.float32) * scale.to(torch.float32)
+    return (q.to(torch.float32) - zp.to(torch.float32)) * scale.to(torch.float32)
+
+
+def fake_quantize_formula(x: torch.Tensor, inv: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor,
+                          qmin: int, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fake-quantized ``x``, mask of the unclamped elements): torch's ``round_add`` rule."""
+    q = torch.round(x * inv) + zp
+    mask = (q >= qmin) & (q <= qmax)
+    out = (torch.clamp(q, qmin, qmax) - zp) * scale
+    return out.to(x.dtype), mask
+
 
 def _broadcast(t: torch.Tensor, ndim: int, axis: Optional[int]) -> torch.Tensor:
     if axis is None or t.dim() == 0:
@@ -308,6 +391,18 @@ def _broadcast(t: torch.Tensor, ndim: int, axis: Optional[int]) -> torch.Tensor:
     shape = [1] * ndim
     shape[axis] = -1
     return t.reshape(shape)
+
+
+def quantize_operands(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                      axis: Optional[int], mode: str
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
+    """(float32 x, float32 1/scale, float32 zero point, mode) for :func:`quantize_formula`,
+    broadcast along ``axis``; a floating zero point forces MUL_ADD (float qparams)."""
+    inv = _broadcast(inv_scale_f32(scale), x.dim(), axis)
+    zp = _broadcast(zero_point.to(torch.float32), x.dim(), axis)
+    if zero_point.dtype.is_floating_point:
+        mode = MUL_ADD
+    return x.to(torch.float32), inv, zp, mode
 
 
 def quantize_int(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int,
@@ -319,47 +414,54 @@ def quantize_int(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
     may also have any shape that broadcasts against ``x`` (block-wise qparams).  A floating
     zero_point means the float-qparams scheme (``nearbyint(x * inv + zp)``).
     """
-    from . import kernels
-    inv = _broadcast(inv_scale_f32(scale), x.dim(), axis)
-    if zero_point.dtype.is_floating_point:
-        zp = _broadcast(zero_point.to(torch.float32), x.dim(), axis)
-        mode = MUL_ADD
-    else:
-        zp = _broadcast(zero_point.to(torch.float32), x.dim(), axis)
-    fn = kernels.get("quantize", x, mode=mode, per_channel=axis is not None)
-    return fn(x.to(torch.float32), inv, zp, qmin, qmax, storage_dtype, mode)
+    x32, inv, zp, mode = quantize_operands(x, scale, zero_point, axis, mode)
+    return quantize_formula(x32, inv, zp, qmin, qmax, storage_dtype, mode)
+
+
+def per_tensor_qparams(scale: float, zero_point: int,
+                       device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Python-number per-tensor qparams as the 0-d (float64, int64) tensors the formulas take."""
+    return (torch.tensor(float(scale), dtype=torch.float64, device=device),
+            torch.tensor(int(zero_point), dtype=torch.int64, device=device))
 
 
 def quantize_per_tensor_int(x: torch.Tensor, scale: float, zero_point: int,
                             qdtype: QDType) -> torch.Tensor:
     """:func:`quantize_int` to Python-number per-tensor qparams with ``qdtype``'s range and
     rounding rule: the one form of "quantize a float tensor to these qparams" (8/32-bit)."""
-    return quantize_int(x, torch.tensor(float(scale), dtype=torch.float64, device=x.device),
-                        torch.tensor(int(zero_point), dtype=torch.int64, device=x.device),
-                        qdtype.qmin, qdtype.qmax, qdtype.storage_dtype, None,
+    return quantize_int(x, *per_tensor_qparams(scale, zero_point, x.device), qdtype.qmin,
+                        qdtype.qmax, qdtype.storage_dtype, None,
                         quantize_mode(qdtype, per_channel=False))
 
 
 def dequantize_per_tensor_int(q: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
     """:func:`dequantize_int` with Python-number per-tensor qparams (float32 result)."""
-    return dequantize_int(q, torch.tensor(float(scale), dtype=torch.float64, device=q.device),
-                          torch.tensor(int(zero_point), dtype=torch.int64, device=q.device))
+    return dequantize_int(q, *per_tensor_qparams(scale, zero_point, q.device))
+
+
+def finite_per_tensor_operands(x: torch.Tensor, scale: float,
+                               zero_point: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1/scale, zero point) as float32 0-d tensors for :func:`quantize_finite_formula`."""
+    inv = torch.reciprocal(torch.tensor(scale, dtype=torch.float32, device=x.device))
+    zp = torch.tensor(float(zero_point), dtype=torch.float32, device=x.device)
+    return inv, zp
 
 
 def quantize_finite_per_tensor(x: torch.Tensor, scale: float, zero_point: int, qmin: int,
                                qmax: int, storage_dtype: torch.dtype) -> torch.Tensor:
     """:func:`quantize_int` (FMA rounding, per tensor) for float32 input already known to be
-    finite -- dynamic quantization checked its min/max -- in four eager ops instead of the
-    kernel dispatch and NaN mask: the per-call cost that dominates small dynamic matmuls.
-    Where a fast quantize kernel applies (large inputs) it runs instead: same integers."""
-    inv = torch.reciprocal(torch.tensor(scale, dtype=torch.float32, device=x.device))
-    zp = torch.tensor(float(zero_point), dtype=torch.float32, device=x.device)
-    from . import kernels
-    fn = kernels.get("quantize", x, mode=FMA, per_channel=False)
-    if fn is not kernels.implementations("quantize")["reference"].fn:
-        return fn(x, inv, zp, qmin, qmax, storage_dtype, FMA)  # one fused pass (large x)
-    y = torch.addcmul(zp, x, inv)
-    return y.round_().clamp_(qmin, qmax).to(storage_dtype)
+    finite -- dynamic quantization checked its min/max -- without the NaN mask."""
+    return quantize_finite_formula(x, *finite_per_tensor_operands(x, scale, zero_point), qmin,
+                                   qmax, storage_dtype)
+
+
+def dequantize_operands(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                        axis: Optional[int]
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """(q, scale, zero point, per_channel) for :func:`dequantize_formula`, broadcast along
+    ``axis``."""
+    return (q, _broadcast(scale, q.dim(), axis), _broadcast(zero_point, q.dim(), axis),
+            axis is not None)
 
 
 def dequantize_int(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
@@ -368,10 +470,109 @@ def dequantize_int(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tenso
 
     With ``axis=None``, ``scale``/``zero_point`` may have any shape that broadcasts against ``q``.
     """
-    from . import kernels
-    fn = kernels.get("dequantize", q, per_channel=axis is not None)
-    return fn(q, _broadcast(scale, q.dim(), axis), _broadcast(zero_point, q.dim(), axis),
-              axis is not None)
+    return dequantize_formula(*dequantize_operands(q, scale, zero_point, axis))
+
+
+# --------------------------------------------------------------------------------------------
+# Blocks (group-wise qparams): the layout torchao's quantize_affine uses
+# --------------------------------------------------------------------------------------------
+
+def block_layout(block_size: Sequence[int], shape: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The view that puts every block in its own trailing dims, and the dims to reduce over.
+
+    ``block_size`` has one entry per dim of ``shape``; an entry equal to the dim's size (or 1)
+    keeps the dim, any other must divide it.
+    """
+    if len(block_size) != len(shape):
+        raise ValueError(f"block_size {tuple(block_size)} needs one entry per dim of an input of "
+                         f"shape {tuple(shape)}")
+    view_shape: list[int] = []
+    reduce_dims: list[int] = []
+    for dim, (block, size) in enumerate(zip(block_size, shape)):
+        if block < 1:
+            raise ValueError(f"block_size entries must be >= 1, got {tuple(block_size)}")
+        if 1 < block != size:
+            if size % block:
+                raise ValueError(f"input dim {dim} of size {size} is not divisible by its "
+                                 f"block size {block}")
+            view_shape += [size // block, block]
+            reduce_dims.append(len(view_shape) - 1)
+        else:
+            view_shape.append(size)
+            if block != 1:
+                reduce_dims.append(len(view_shape) - 1)
+    return view_shape, reduce_dims
+
+
+def block_qparam_shape(view_shape: Sequence[int], reduce_dims: Sequence[int]) -> list[int]:
+    """Shape of per-block qparams viewed against the blocked input (1 on the reduced dims)."""
+    return [1 if d in reduce_dims else n for d, n in enumerate(view_shape)]
+
+
+def block_qparams_view(t: torch.Tensor, shape: Sequence[int], name: str) -> torch.Tensor:
+    """``t`` (any shape with one element per block) viewed against the blocked input."""
+    numel = math.prod(shape)
+    if t.numel() != numel:
+        raise ValueError(f"{name} has {t.numel()} elements but the block layout needs {numel} "
+                         f"(one per block, block grid {[n for n in shape if n != 1]})")
+    return t.reshape(shape)
+
+
+def quantize_block_operands(x: torch.Tensor, block_size: Sequence[int], scale: torch.Tensor,
+                            zero_point: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
+    """:func:`quantize_operands` of ``x`` viewed as blocks: torchao's
+    ``round(x * (1 / scale)) + zero_point`` (ROUND_ADD) per block.  Zero points are integers
+    (torchao's INT domain); a floating one is rounded half-even."""
+    view_shape, reduce_dims = block_layout(block_size, x.shape)
+    qshape = block_qparam_shape(view_shape, reduce_dims)
+    zero_point = block_qparams_view(zero_point, qshape, "zero_point")
+    if zero_point.dtype.is_floating_point:
+        zero_point = torch.round(zero_point).to(torch.int32)
+    return quantize_operands(x.reshape(view_shape), block_qparams_view(scale, qshape, "scale"),
+                             zero_point, None, ROUND_ADD)
+
+
+def dequantize_block_operands(q: torch.Tensor, block_size: Sequence[int], scale: torch.Tensor,
+                              zero_point: torch.Tensor
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """:func:`dequantize_operands` of ``q`` viewed as blocks (float32 scales, int32 zero points
+    as torchao subtracts them)."""
+    view_shape, reduce_dims = block_layout(block_size, q.shape)
+    qshape = block_qparam_shape(view_shape, reduce_dims)
+    return (q.reshape(view_shape), block_qparams_view(scale, qshape, "scale").to(torch.float32),
+            torch.round(block_qparams_view(zero_point, qshape, "zero_point")).to(torch.int32)
+            if zero_point.dtype.is_floating_point
+            else block_qparams_view(zero_point, qshape, "zero_point").to(torch.int32), False)
+
+
+def quantize_block(x: torch.Tensor, block_size: Sequence[int], scale: torch.Tensor,
+                   zero_point: torch.Tensor, qmin: int, qmax: int,
+                   storage_dtype: torch.dtype) -> torch.Tensor:
+    """Integer codes of ``x`` (same shape) with one (scale, integer zero point) per block."""
+    x32, inv, zp, mode = quantize_block_operands(x, block_size, scale, zero_point)
+    return quantize_formula(x32, inv, zp, qmin, qmax, storage_dtype, mode).reshape(x.shape)
+
+
+def dequantize_block(q: torch.Tensor, block_size: Sequence[int], scale: torch.Tensor,
+                     zero_point: torch.Tensor) -> torch.Tensor:
+    """float32 ``(q - zero_point) * scale`` per block (same shape as ``q``)."""
+    return dequantize_formula(*dequantize_block_operands(q, block_size, scale,
+                                                         zero_point)).reshape(q.shape)
+
+
+def group_block_size(shape: Sequence[int], group_size: int) -> tuple[int, ...]:
+    """The block size of groups of ``group_size`` along the last dim (torchao's group-wise)."""
+    if not shape:
+        raise ValueError("group-wise quantization needs at least one dim")
+    return (1,) * (len(shape) - 1) + (int(group_size),)
+
+
+# --------------------------------------------------------------------------------------------
+# Fake-quantize (autograd)
+# --------------------------------------------------------------------------------------------
+
+FakeQuantizeKernel = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def _fake_quantize_float_qparams(x: torch.Tensor, inv: torch.Tensor, scale: torch.Tensor,
@@ -386,33 +587,40 @@ def _fake_quantize_float_qparams(x: torch.Tensor, inv: torch.Tensor, scale: torc
     return out.to(x.dtype), mask
 
 
+def fake_quantize_with_mask(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                            qmin: int, qmax: int, axis: Optional[int] = None,
+                            kernel: FakeQuantizeKernel = fake_quantize_formula
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fake-quantized ``x``, mask where it was not clamped), no autograd.  ``kernel`` runs the
+    integer-zero-point case (:func:`fake_quantize_formula` or a compiled form of it)."""
+    inv = _broadcast(inv_scale_f32(scale), x.dim(), axis)
+    sc = _broadcast(scale.to(torch.float32), x.dim(), axis)
+    if zero_point.dtype.is_floating_point:
+        zp = _broadcast(zero_point.to(torch.float32), x.dim(), axis)
+        return _fake_quantize_float_qparams(x, inv, sc, zp, qmin, qmax)
+    zp = _broadcast(zero_point.to(torch.float32).round(), x.dim(), axis)
+    return kernel(x, inv, sc, zp, qmin, qmax)
+
+
 class _FakeQuantizeSTE(torch.autograd.Function):
     """Fake-quantize with the straight-through estimator masked to the unclamped region."""
 
     @staticmethod
-    def forward(ctx, x, scale, zero_point, qmin, qmax, axis):
-        from . import kernels
-        inv = _broadcast(inv_scale_f32(scale), x.dim(), axis)
-        sc = _broadcast(scale.to(torch.float32), x.dim(), axis)
-        if zero_point.dtype.is_floating_point:
-            zp = _broadcast(zero_point.to(torch.float32), x.dim(), axis)
-            out, mask = _fake_quantize_float_qparams(x, inv, sc, zp, qmin, qmax)
-        else:
-            zp = _broadcast(zero_point.to(torch.float32).round(), x.dim(), axis)
-            fn = kernels.get("fake_quantize", x)
-            out, mask = fn(x, inv, sc, zp, qmin, qmax)
+    def forward(ctx, x, scale, zero_point, qmin, qmax, axis, kernel):
+        out, mask = fake_quantize_with_mask(x, scale, zero_point, qmin, qmax, axis, kernel)
         ctx.save_for_backward(mask)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         (mask,) = ctx.saved_tensors
-        return grad * mask, None, None, None, None, None
+        return grad * mask, None, None, None, None, None, None
 
 
-def fake_quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int,
-                  qmax: int, axis: Optional[int] = None) -> torch.Tensor:
-    """Quantize-dequantize in float with an STE gradient (zero where the value was clamped)."""
+def fake_quantize_args(x: torch.Tensor, scale: Any, zero_point: Any, qmin: int, qmax: int,
+                       axis: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, Optional[int]]:
+    """Validated (scale, zero_point, axis) of a fake-quantize call, qparams as tensors on ``x``'s
+    device and ``axis`` non-negative."""
     if not x.dtype.is_floating_point:
         raise TypeError(f"fake_quantize expects a floating-point input, got {x.dtype}")
     if qmin > qmax:
@@ -424,7 +632,22 @@ def fake_quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor
         if scale.numel() != x.size(axis) or zero_point.numel() != x.size(axis):
             raise ValueError(f"fake_quantize: {scale.numel()} scales / {zero_point.numel()} zero "
                              f"points for {x.size(axis)} channels along axis {axis}")
-    return _FakeQuantizeSTE.apply(x, scale, zero_point, qmin, qmax, axis)
+    return scale, zero_point, axis
+
+
+def fake_quantize_ste(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int,
+                      qmax: int, axis: Optional[int],
+                      kernel: FakeQuantizeKernel = fake_quantize_formula) -> torch.Tensor:
+    """:func:`fake_quantize` of arguments :func:`fake_quantize_args` has checked."""
+    return _FakeQuantizeSTE.apply(x, scale, zero_point, qmin, qmax, axis, kernel)
+
+
+def fake_quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int,
+                  qmax: int, axis: Optional[int] = None,
+                  kernel: FakeQuantizeKernel = fake_quantize_formula) -> torch.Tensor:
+    """Quantize-dequantize in float with an STE gradient (zero where the value was clamped)."""
+    scale, zero_point, axis = fake_quantize_args(x, scale, zero_point, qmin, qmax, axis)
+    return fake_quantize_ste(x, scale, zero_point, qmin, qmax, axis, kernel)
 
 
 class _LearnableFakeQuantize(torch.autograd.Function):
@@ -437,14 +660,15 @@ class _LearnableFakeQuantize(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, scale, zero_point, qmin, qmax, axis, grad_factor):
+    def forward(ctx, x, scale, zero_point, qmin, qmax, axis, grad_factor, kernel):
         scale = scale.detach().to(torch.float32)
         zero_point = zero_point.detach().to(torch.float32)
         rounded_zp = torch.clamp(torch.round(zero_point), qmin, qmax)
         backward_zp = rounded_zp if axis is not None else torch.clamp(zero_point + 0.5, qmin, qmax).trunc()
         ctx.save_for_backward(x, scale, backward_zp)
         ctx.qrange, ctx.axis, ctx.grad_factor = (qmin, qmax), axis, grad_factor
-        return fake_quantize(x.detach(), scale, rounded_zp.to(torch.int32), qmin, qmax, axis)
+        return fake_quantize(x.detach(), scale, rounded_zp.to(torch.int32), qmin, qmax, axis,
+                             kernel)
 
     @staticmethod
     def backward(ctx, grad):
@@ -467,12 +691,13 @@ class _LearnableFakeQuantize(torch.autograd.Function):
         else:
             dims = [d for d in range(x.dim()) if d != axis]
             grad_scale, grad_zp = grad_scale.sum(dims), grad_zp.sum(dims)
-        return grad_x, grad_scale, grad_zp, None, None, None, None
+        return grad_x, grad_scale, grad_zp, None, None, None, None, None
 
 
 def fake_quantize_learnable(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
                             qmin: int, qmax: int, axis: Optional[int] = None,
-                            grad_factor: float = 1.0) -> torch.Tensor:
+                            grad_factor: float = 1.0,
+                            kernel: FakeQuantizeKernel = fake_quantize_formula) -> torch.Tensor:
     """Fake-quantize with gradients for ``x``, ``scale`` and the float ``zero_point``.
 
     ``grad_factor`` scales the scale / zero-point gradients (LSQ's gradient normalisation).
@@ -489,7 +714,8 @@ def fake_quantize_learnable(x: torch.Tensor, scale: torch.Tensor, zero_point: to
             raise ValueError(f"fake_quantize_learnable: {scale.numel()} scales / "
                              f"{zero_point.numel()} zero points for {x.size(axis)} channels "
                              f"along axis {axis}")
-    return _LearnableFakeQuantize.apply(x, scale, zero_point, qmin, qmax, axis, float(grad_factor))
+    return _LearnableFakeQuantize.apply(x, scale, zero_point, qmin, qmax, axis, float(grad_factor),
+                                        kernel)
 
 
 # --------------------------------------------------------------------------------------------
@@ -543,13 +769,16 @@ def _f32(value: float) -> float:
 
 def choose_qparams_aten_scalar(min_val: float, max_val: float, qmin: int, qmax: int,
                                preserve_sparsity: bool = False,
-                               reduce_range: bool = False) -> tuple[float, int]:
+                               reduce_range: bool = False,
+                               float32_scale: bool = True) -> tuple[float, int]:
     """:func:`choose_qparams_aten` for one (min, max) pair of Python floats.
 
     Dynamic quantization picks activation qparams on every call; the tensor version costs ~40
     tiny tensor ops, this one a few microseconds of Python.  Same arithmetic step for step
     (float32 steps emulated with :func:`_f32`), so the results are identical (tested); returns
-    (scale as a float32 value, zero_point).
+    (scale as a float32 value, zero_point).  ``float32_scale=False`` returns the scale as the
+    double ATen computes (what ``torch.quantize_per_tensor_dynamic`` stores as ``q_scale``);
+    quantizing rounds it to float32 either way.
     """
     if reduce_range:
         qmin, qmax = qmin // 2, qmax // 2
@@ -585,7 +814,7 @@ def choose_qparams_aten_scalar(min_val: float, max_val: float, qmin: int, qmax: 
     if straddles:
         zp = (qmin + qmax) / 2
     zero_point = qmin if zp < qmin else qmax if zp > qmax else int(round(zp))
-    return _f32(scale), zero_point
+    return (_f32(scale) if float32_scale else scale), zero_point
 
 
 def requantize(acc: torch.Tensor, multiplier: torch.Tensor, offset: torch.Tensor, qmin: int,
@@ -615,6 +844,14 @@ def dequantize_int_premul(q: torch.Tensor, scale: float, zero_point: int) -> tor
     return torch.addcmul(premul, q.to(torch.float32), scale_f)
 
 
+def quantize_with_multiplier_operands(x: torch.Tensor, multiplier: Any, zero_point: Any
+                                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(float32 x, float32 multiplier, float32 zero point) for :func:`quantize_formula`."""
+    inv = torch.as_tensor(multiplier, dtype=torch.float32, device=x.device)
+    zp = torch.as_tensor(zero_point, device=x.device).to(torch.float32)
+    return x.to(torch.float32), inv, zp
+
+
 def quantize_with_multiplier(x: torch.Tensor, multiplier: Any, zero_point: Any, qmin: int,
                              qmax: int, storage_dtype: torch.dtype,
                              mode: str = ROUND_ADD) -> torch.Tensor:
@@ -624,11 +861,8 @@ def quantize_with_multiplier(x: torch.Tensor, multiplier: Any, zero_point: Any, 
     ``in_scale * out_inv_scale``, or ``1 / pool_size``), which need not be the float32 reciprocal
     of any scale; ``mode`` is one of FMA / MUL_ADD / ROUND_ADD as in :func:`quantize_int`.  Both
     ``multiplier`` and ``zero_point`` broadcast against ``x``."""
-    from . import kernels
-    inv = torch.as_tensor(multiplier, dtype=torch.float32, device=x.device)
-    zp = torch.as_tensor(zero_point, device=x.device).to(torch.float32)
-    fn = kernels.get("quantize", x, mode=mode, per_channel=False)
-    return fn(x.to(torch.float32), inv, zp, qmin, qmax, storage_dtype, mode)
+    return quantize_formula(*quantize_with_multiplier_operands(x, multiplier, zero_point), qmin,
+                            qmax, storage_dtype, mode)
 
 
 def quantize_float64(x: torch.Tensor, scale: float, zero_point: int, qmin: int, qmax: int,

@@ -204,7 +204,7 @@ class QTensor(torch.Tensor):
     def dequantize(self) -> torch.Tensor:  # type: ignore[override]
         if _traced_per_tensor(self):  # one graph node, its qparams constants
             return ops_quantize.dequantize_per_tensor(self.int_data, *self._numbers)
-        return affine.dequantize_int(self._values(), self.scale, self.zero_point, self.axis)
+        return ops_quantize.dequantize_int(self._values(), self.scale, self.zero_point, self.axis)
 
     def _scale_zp(self) -> tuple[float, int]:
         """Per-tensor (scale, zero_point) as Python numbers, read from the tensors once (the
@@ -668,9 +668,10 @@ def _copy_(func, dst, src, non_blocking=False):
         return dst
     if not src.dtype.is_floating_point:
         raise TypeError(f"QTensor.copy_ needs a float or quantized source, got {src.dtype}")
-    vals = affine.quantize_int(src.expand(dst.shape), dst.scale, dst.zero_point, dst.qdtype.qmin,
-                               dst.qdtype.qmax, dst.qdtype.storage_dtype, dst.axis,
-                               affine.quantize_mode(dst.qdtype, dst.axis is not None))
+    vals = ops_quantize.quantize_int(src.expand(dst.shape), dst.scale, dst.zero_point,
+                                     dst.qdtype.qmin, dst.qdtype.qmax, dst.qdtype.storage_dtype,
+                                     dst.axis,
+                                     affine.quantize_mode(dst.qdtype, dst.axis is not None))
     if dst.qdtype.is_sub_byte:
         dst.int_data.copy_(affine.pack_sub_byte(vals, dst.qdtype.bits))
     else:
@@ -739,8 +740,9 @@ def _mean(func, q, *args, **kwargs):
     if q.axis is not None:
         _unsupported("mean", q)
     out = func(q.dequantize(), *args, **kwargs)
-    vals = affine.quantize_int(out, q.scale, q.zero_point, q.qdtype.qmin, q.qdtype.qmax,
-                               q.qdtype.storage_dtype, None, affine.quantize_mode(q.qdtype, False))
+    vals = ops_quantize.quantize_int(out, q.scale, q.zero_point, q.qdtype.qmin, q.qdtype.qmax,
+                                     q.qdtype.storage_dtype, None,
+                                     affine.quantize_mode(q.qdtype, False))
     return q._with(vals)
 
 
@@ -825,9 +827,9 @@ def _cat_inputs(tensors, what):
 
 
 def _requantize(t: QTensor, like: QTensor) -> torch.Tensor:
-    vals = affine.quantize_int(t.dequantize(), like.scale, like.zero_point, like.qdtype.qmin,
-                               like.qdtype.qmax, like.qdtype.storage_dtype, None,
-                               affine.quantize_mode(like.qdtype, False))
+    vals = ops_quantize.quantize_int(t.dequantize(), like.scale, like.zero_point, like.qdtype.qmin,
+                                     like.qdtype.qmax, like.qdtype.storage_dtype, None,
+                                     affine.quantize_mode(like.qdtype, False))
     return like._with(vals)
 
 

@@ -10,6 +10,7 @@ import torch
 
 from . import affine
 from . import dtypes as _dt
+from .ops import fake_quantize as ops_fake_quantize
 from .ops import quantize as ops_quantize
 from .qtensor import QTensor, _normalise_qparams
 
@@ -31,8 +32,8 @@ def _check_float_input(x: Any, fn: str) -> torch.Tensor:
 def _make(x: torch.Tensor, scale_t: torch.Tensor, zp_t: torch.Tensor, qdtype: _dt.QDType,
           axis) -> QTensor:
     mode = affine.quantize_mode(qdtype, axis is not None)
-    vals = affine.quantize_int(x, scale_t.to(x.device), zp_t.to(x.device), qdtype.qmin,
-                               qdtype.qmax, qdtype.storage_dtype, axis, mode)
+    vals = ops_quantize.quantize_int(x, scale_t.to(x.device), zp_t.to(x.device), qdtype.qmin,
+                                     qdtype.qmax, qdtype.storage_dtype, axis, mode)
     scale_t, zp_t = scale_t.to(x.device), zp_t.to(x.device)
     if qdtype.is_sub_byte:
         return QTensor(affine.pack_sub_byte(vals, qdtype.bits), scale_t, zp_t, qdtype, axis,
@@ -111,8 +112,8 @@ def fake_quantize_per_tensor_affine(input: torch.Tensor, scale: Any, zero_point:
                                     quant_min: int, quant_max: int) -> torch.Tensor:
     """Quantize-dequantize with a straight-through gradient (zero where clamped)."""
     _check_float_input(input, "fake_quantize_per_tensor_affine")
-    return affine.fake_quantize(input, torch.as_tensor(scale, dtype=torch.float32),
-                                torch.as_tensor(zero_point), quant_min, quant_max)
+    return ops_fake_quantize.fake_quantize(input, torch.as_tensor(scale, dtype=torch.float32),
+                                           torch.as_tensor(zero_point), quant_min, quant_max)
 
 
 def fake_quantize_per_channel_affine(input: torch.Tensor, scale: torch.Tensor,
@@ -120,4 +121,4 @@ def fake_quantize_per_channel_affine(input: torch.Tensor, scale: torch.Tensor,
                                      quant_max: int) -> torch.Tensor:
     """Per-channel fake quantization along ``axis``."""
     _check_float_input(input, "fake_quantize_per_channel_affine")
-    return affine.fake_quantize(input, scale, zero_point, quant_min, quant_max, axis)
+    return ops_fake_quantize.fake_quantize(input, scale, zero_point, quant_min, quant_max, axis)

@@ -28,7 +28,7 @@ from .. import affine
 from .. import dtypes as _dt
 from .linear import (Scalar, activation_qdtype, check_bias, check_weight_qparams,
                      onednn_exact_for, onednn_u8s8_exact, onednn_usable, per_channel_view,
-                     validated_qparams)
+                     quantize_float_result, validated_qparams)
 
 __all__ = ["PackedConvWeight", "pack_conv_weight", "quantized_conv", "quantized_conv_transpose"]
 
@@ -92,8 +92,9 @@ class PackedConvWeight:
         return self.weight.size(1) * self.groups if self.transposed else self.weight.size(0)
 
     def dequantized_weight(self) -> torch.Tensor:
-        return affine.dequantize_int(self.weight, self.weight_scale, self.weight_zero_point,
-                                     self.axis)
+        operands = affine.dequantize_operands(self.weight, self.weight_scale,
+                                              self.weight_zero_point, self.axis)
+        return get("dequantize", self.weight, per_channel=self.axis is not None)(*operands)
 
     def to(self, device: Union[str, torch.device]) -> "PackedConvWeight":
         """The same weight packed for ``device``."""
@@ -243,9 +244,9 @@ def _requantize_float(y: torch.Tensor, out_scale: Scalar, out_zp: Scalar,
                       relu: bool) -> torch.Tensor:
     if relu:
         y = torch.relu(y)
-    return affine.quantize_int(y, torch.as_tensor(out_scale), torch.as_tensor(out_zp),
-                               _dt.quint8.qmin, _dt.quint8.qmax, torch.uint8,
-                               mode=affine.quantize_mode(_dt.quint8, per_channel=False))
+    return quantize_float_result(y, torch.as_tensor(out_scale), torch.as_tensor(out_zp),
+                                 _dt.quint8.qmin, _dt.quint8.qmax, torch.uint8,
+                                 mode=affine.quantize_mode(_dt.quint8, per_channel=False))
 
 
 @register("quantized_conv", "reference")

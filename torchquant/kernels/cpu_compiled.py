@@ -25,7 +25,9 @@ from typing import Any, Callable, Optional
 import torch
 
 from .registry import register
-from .reference import add_formula, dequantize_formula, fake_quantize_formula, quantize_formula
+from ..affine import FMA
+from .reference import (add_formula, dequantize_formula, fake_quantize_formula,
+                        quantize_finite_formula, quantize_formula)
 
 log = logging.getLogger("torchquant")
 HOT_CALLS = int(os.environ.get("TORCHQUANT_COMPILED_HOT_CALLS", "2"))
@@ -44,19 +46,25 @@ def _quantize(x, inv, zp, qmin, qmax, storage_dtype, mode):
                            narrow_via_int32=True)
 
 
+def _quantize_finite(x, inv, zp, qmin, qmax, storage_dtype):
+    # the NaN mask of the general formula is a no-op on finite input: same integers
+    return _quantize(x, inv, zp, qmin, qmax, storage_dtype, FMA)
+
+
 def _add(x, y, x_scale, x_premul, y_scale, y_premul, inv_out, zp_out, qmin, qmax,
          storage_dtype, relu):
     return add_formula(x, y, x_scale, x_premul, y_scale, y_premul, inv_out, zp_out, qmin, qmax,
                        storage_dtype, relu, fma=_inductor_fma)
 
 
-_SOURCES = {"quantize": _quantize, "dequantize": dequantize_formula,
-            "fake_quantize": fake_quantize_formula, "add": _add}
-_EAGER = {"quantize": quantize_formula, "dequantize": dequantize_formula,
-          "fake_quantize": fake_quantize_formula, "add": add_formula}
+_SOURCES = {"quantize": _quantize, "quantize_finite": _quantize_finite,
+            "dequantize": dequantize_formula, "fake_quantize": fake_quantize_formula, "add": _add}
+_EAGER = {"quantize": quantize_formula, "quantize_finite": quantize_finite_formula,
+          "dequantize": dequantize_formula, "fake_quantize": fake_quantize_formula,
+          "add": add_formula}
 # Below these sizes the eager formula costs about what a kernel call does (measured).
-_MIN_NUMEL = {"quantize": 1 << 15, "dequantize": 1 << 15, "fake_quantize": 1 << 15,
-              "add": 1 << 13}
+_MIN_NUMEL = {"quantize": 1 << 15, "quantize_finite": 1 << 15, "dequantize": 1 << 15,
+              "fake_quantize": 1 << 15, "add": 1 << 13}
 
 
 def _signature(op: str, args: tuple) -> tuple:

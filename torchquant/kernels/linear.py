@@ -272,8 +272,9 @@ class PackedLinearWeight:
         return self.weight.size(0)
 
     def dequantized_weight(self) -> torch.Tensor:
-        return affine.dequantize_int(self.weight, self.weight_scale, self.weight_zero_point,
-                                     self.axis)
+        operands = affine.dequantize_operands(self.weight, self.weight_scale,
+                                              self.weight_zero_point, self.axis)
+        return get("dequantize", self.weight, per_channel=self.axis is not None)(*operands)
 
     def to(self, device: Union[str, torch.device]) -> "PackedLinearWeight":
         """The same weight packed for ``device``."""
@@ -313,6 +314,17 @@ def pack_linear_weight(weight: torch.Tensor, scale: torch.Tensor, zero_point: to
         onednn_weight = torch.ops.onednn.qlinear_prepack(weight, None)
     return PackedLinearWeight(weight, scale, zero_point, axis, bias, channel_scale, channel_zp,
                               weight.sum(1, dtype=torch.int32), symmetric, onednn_weight)
+
+
+def quantize_float_result(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                          qmin: int, qmax: int, storage_dtype: torch.dtype,
+                          axis: Optional[int] = None, mode: str = affine.FMA) -> torch.Tensor:
+    """:func:`torchquant.affine.quantize_int` on the registered quantize kernel for this call
+    (one fused pass where it applies): how the composite kernels here and in :mod:`.conv`
+    quantize their float intermediates."""
+    x32, inv, zp, mode = affine.quantize_operands(x, scale, zero_point, axis, mode)
+    fn = get("quantize", x, mode=mode, per_channel=axis is not None)
+    return fn(x32, inv, zp, qmin, qmax, storage_dtype, mode)
 
 
 def _as_signed(x: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -428,8 +440,10 @@ def onednn_split_linear(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
 def _quantized_linear_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, relu):
     if not onednn_exact_for(x):  # would saturate on this CPU: two exact halves, float sum
         y = onednn_split_linear(x, x_scale, x_zp, packed)
-        return affine.quantize_per_tensor_int(y.relu_() if relu else y, float(out_scale),
-                                              int(out_zp), out_qdtype)
+        scale, zero_point = affine.per_tensor_qparams(out_scale, out_zp, y.device)
+        return quantize_float_result(y.relu_() if relu else y, scale, zero_point,
+                                     out_qdtype.qmin, out_qdtype.qmax, out_qdtype.storage_dtype,
+                                     None, affine.quantize_mode(out_qdtype, per_channel=False))
     return torch.ops.onednn.qlinear_pointwise(
         x, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
         packed.channel_zero_point, packed.bias, float(out_scale), int(out_zp), None,
@@ -477,7 +491,8 @@ def dynamic_linear(x_float: torch.Tensor, packed: PackedLinearWeight, reduce_ran
         else:  # the scalar form of the same rule: microseconds instead of ~40 tensor ops
             s, z = affine.choose_qparams_aten_scalar(mn.item(), mx.item(), 0, 255, False,
                                                      reduce_range)
-            x_q = affine.quantize_finite_per_tensor(x2d, s, z, 0, 255, torch.uint8)
+            inv, zp_f = affine.finite_per_tensor_operands(x2d, s, z)
+            x_q = get("quantize_finite", x2d)(x2d, inv, zp_f, 0, 255, torch.uint8)
             fn = get("dynamic_linear", x_q, packed=packed)
             return fn(x_q, s, z, packed, relu)
         x_q = affine.quantize_int(x2d, scale, zp, 0, 255, torch.uint8)
@@ -555,13 +570,13 @@ def per_token_dynamic_linear(x_float: torch.Tensor, packed: PackedLinearWeight,
         fast = _per_token_fast(x2d, packed, relu)
         if fast is not None:
             return fast
-        scale = _per_token_scale(x2d)
+        scale = per_token_scale(x2d)
         if not torch.compiler.is_compiling() and not bool(torch.isfinite(scale).all()):
             raise ValueError("per_token_dynamic_linear: input contains NaN or Inf")
         zero_point = torch.zeros_like(scale, dtype=torch.int64)
-        x_q = affine.quantize_int(x2d, scale, zero_point, PER_TOKEN_QMIN, PER_TOKEN_QMAX,
-                                  torch.int8, axis=0,
-                                  mode=affine.quantize_mode(_dt.qint8, per_channel=True))
+        x_q = quantize_float_result(x2d, scale, zero_point, PER_TOKEN_QMIN, PER_TOKEN_QMAX,
+                                    torch.int8, axis=0,
+                                    mode=affine.quantize_mode(_dt.qint8, per_channel=True))
         fn = get("per_token_linear", x_q, packed=packed)
         return fn(x_q, scale, packed, relu)
     return _float_linear_out(x_float, packed, kernel, "per_token_dynamic_linear")
@@ -591,7 +606,7 @@ def _row_rescale_(y: torch.Tensor, row_scale: torch.Tensor, packed: PackedLinear
     return y.relu_() if relu else y
 
 
-def _per_token_scale(x: torch.Tensor) -> torch.Tensor:
+def per_token_scale(x: torch.Tensor) -> torch.Tensor:
     """torchao's per-token rule: one symmetric scale per row, max|row| / 127 floored at eps."""
     mn, mx = torch.aminmax(x, dim=1)
     scale, _ = affine.choose_block_qparams(mn, mx, "SYMMETRIC", PER_TOKEN_QMIN, PER_TOKEN_QMAX,
@@ -612,7 +627,7 @@ FUSED_DYNAMIC_MIN_NUMEL = 1 << 14
 def _per_token_rows_u8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """torchao's per-token int8 integers, shifted by +128 into uint8 (oneDNN takes u8
     activations; a zero point of 128 undoes the shift exactly), and the row scales."""
-    scale = _per_token_scale(x)
+    scale = per_token_scale(x)
     inv = affine.inv_scale_f32(scale).unsqueeze(1)
     x_q = quantize_formula(x, inv, torch.zeros_like(inv), PER_TOKEN_QMIN, PER_TOKEN_QMAX,
                            torch.int8, affine.quantize_mode(_dt.qint8, per_channel=True),

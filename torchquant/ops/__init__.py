@@ -8,8 +8,9 @@ This package is the only caller of the kernel registry for these computations.
 """
 from __future__ import annotations
 
-from . import activation, binary, compile_lowering, conv, linear, normalization, pooling, quantize
+from . import (activation, binary, compile_lowering, conv, fake_quantize, linear, normalization,
+               pooling, quantize, quantize_block, quantize_dynamic)
 from ._library import traced
 
-__all__ = ["activation", "binary", "compile_lowering", "conv", "linear", "normalization",
-           "pooling", "quantize", "traced"]
+__all__ = ["activation", "binary", "compile_lowering", "conv", "fake_quantize", "linear",
+           "normalization", "pooling", "quantize", "quantize_block", "quantize_dynamic", "traced"]

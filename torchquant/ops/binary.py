@@ -21,6 +21,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from .. import affine, kernels
+from . import quantize as ops_quantize
 from ..kernels import cpu_compiled
 from .. import dtypes as _dt
 from ._library import traced
@@ -102,12 +103,12 @@ def _add(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: f
         return kernels.get("add", x)(x, y, *operands, qd.qmin, qd.qmax, qd.storage_dtype, relu)
 
     def tail_path(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        total = (affine.dequantize_per_tensor_int(x, a_scale, a_zp)
-                 + affine.dequantize_per_tensor_int(y, b_scale, b_zp))
+        total = (ops_quantize.dequantize_per_tensor_int(x, a_scale, a_zp)
+                 + ops_quantize.dequantize_per_tensor_int(y, b_scale, b_zp))
         if relu:
             total = torch.clamp(total, min=0.0)
-        return affine.quantize_with_multiplier(total, inv_out, out_zp, qd.qmin, qd.qmax,
-                                               qd.storage_dtype, affine.MUL_ADD)
+        return ops_quantize.quantize_with_multiplier(total, inv_out, out_zp, qd.qmin, qd.qmax,
+                                                     qd.storage_dtype, affine.MUL_ADD)
 
     out = _lanes.apply([a, b], vector_path, tail_path, _lanes.lane_count(qd.storage_dtype),
                        _lanes.suggested_format(a))
@@ -158,9 +159,9 @@ def _mul(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: f
                   * affine.inv_scale_f32(torch.tensor(out_scale, device=device)))
     wide = torch.int64 if qd.bits > 16 else torch.int32  # 8-bit products fit in int32
     product = (a.to(wide) - a_zp) * (b.to(wide) - b_zp)
-    return affine.quantize_with_multiplier(product, multiplier, out_zp,
-                                           out_zp if relu else qd.qmin, qd.qmax,
-                                           qd.storage_dtype, affine.ROUND_ADD)
+    return ops_quantize.quantize_with_multiplier(product, multiplier, out_zp,
+                                                 out_zp if relu else qd.qmin, qd.qmax,
+                                                 qd.storage_dtype, affine.ROUND_ADD)
 
 
 @torch.library.custom_op("torchquant::mul", mutates_args=())
@@ -200,8 +201,8 @@ def _is_cat_nhwc_fast_path(tensors: Sequence[torch.Tensor], dim: int) -> bool:
 
 def _requantize_float(x: torch.Tensor, scale: float, zp: int, out_scale: float, out_zp: int,
                       qd: _dt.QDType) -> torch.Tensor:
-    return affine.quantize_per_tensor_int(affine.dequantize_per_tensor_int(x, scale, zp),
-                                          out_scale, out_zp, qd)
+    return ops_quantize.quantize_per_tensor_int(
+        ops_quantize.dequantize_per_tensor_int(x, scale, zp), out_scale, out_zp, qd)
 
 
 def _cat_nhwc_part(x: torch.Tensor, scale: float, zp: int, out_scale: float, out_zp: int,
@@ -210,14 +211,14 @@ def _cat_nhwc_part(x: torch.Tensor, scale: float, zp: int, out_scale: float, out
     if scale == out_scale and zp == out_zp:
         return x
     inv_out = affine.inv_scale_f32(torch.tensor(out_scale, device=x.device))
-    vector = affine.quantize_with_multiplier(affine.dequantize_int_premul(x, scale, zp), inv_out,
-                                             out_zp, qd.qmin, qd.qmax, qd.storage_dtype,
-                                             affine.ROUND_ADD)
+    vector = ops_quantize.quantize_with_multiplier(affine.dequantize_int_premul(x, scale, zp),
+                                                   inv_out, out_zp, qd.qmin, qd.qmax,
+                                                   qd.storage_dtype, affine.ROUND_ADD)
     split = x.shape[1] // _CAT_NHWC_LANES * _CAT_NHWC_LANES
     if split < x.shape[1]:
         rest = x[:, split:]
-        vector[:, split:] = affine.quantize_with_multiplier(
-            affine.dequantize_per_tensor_int(rest, scale, zp),
+        vector[:, split:] = ops_quantize.quantize_with_multiplier(
+            ops_quantize.dequantize_per_tensor_int(rest, scale, zp),
             inv_out, out_zp, qd.qmin, qd.qmax, qd.storage_dtype, affine.MUL_ADD)
     return vector
 
@@ -284,9 +285,9 @@ def _add_scalar(x: torch.Tensor, scale: float, zp: int, other: float, out_scale:
     device = x.device
     multiplier = _f32(scale, device) * affine.inv_scale_f32(torch.tensor(out_scale, device=device))
     moved = x.to(torch.int64) - zp + steps
-    return affine.quantize_with_multiplier(moved, multiplier, out_zp,
-                                           out_zp if relu else qd.qmin, qd.qmax,
-                                           qd.storage_dtype, affine.ROUND_ADD)
+    return ops_quantize.quantize_with_multiplier(moved, multiplier, out_zp,
+                                                 out_zp if relu else qd.qmin, qd.qmax,
+                                                 qd.storage_dtype, affine.ROUND_ADD)
 
 
 @torch.library.custom_op("torchquant::add_scalar", mutates_args=())
@@ -355,9 +356,9 @@ def mul_scalar(x: torch.Tensor, other: float, qdtype: _dt.QDType) -> torch.Tenso
 
 def _matmul(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: float,
             b_zp: int, out_scale: float, out_zp: int, qd: _dt.QDType) -> torch.Tensor:
-    product = torch.matmul(affine.dequantize_per_tensor_int(a, a_scale, a_zp),
-                           affine.dequantize_per_tensor_int(b, b_scale, b_zp))
-    return affine.quantize_per_tensor_int(product, out_scale, out_zp, qd)
+    product = torch.matmul(ops_quantize.dequantize_per_tensor_int(a, a_scale, a_zp),
+                           ops_quantize.dequantize_per_tensor_int(b, b_scale, b_zp))
+    return ops_quantize.quantize_per_tensor_int(product, out_scale, out_zp, qd)
 
 
 @torch.library.custom_op("torchquant::matmul", mutates_args=())
@@ -405,8 +406,8 @@ def _prelu(x: torch.Tensor, x_scale: float, x_zp: int, weight: torch.Tensor, w_s
     device = x.device
     multiplier = (_f32(x_scale, device) * _f32(w_scale, device)
                   * affine.inv_scale_f32(torch.tensor(out_scale, device=device)))
-    return affine.quantize_with_multiplier(acc, multiplier, out_zp, qd.qmin, qd.qmax,
-                                           qd.storage_dtype, affine.ROUND_ADD)
+    return ops_quantize.quantize_with_multiplier(acc, multiplier, out_zp, qd.qmin, qd.qmax,
+                                                 qd.storage_dtype, affine.ROUND_ADD)
 
 
 @torch.library.custom_op("torchquant::prelu", mutates_args=())

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import affine
+from . import quantize as ops_quantize
 from .. import dtypes as _dt
 from ._library import traced
 
@@ -66,8 +67,8 @@ def _batch_norm(x: torch.Tensor, x_scale: float, x_zp: int, weight: Optional[tor
     beta = beta.to(x.device).reshape(shape).double()
     shifted = (x.to(torch.int64) - x_zp).double()
     y = (alpha * shifted + beta).to(torch.float32)  # float64 holds the fma exactly here
-    return affine.quantize_with_multiplier(y, 1.0, out_zp, out_zp if relu else qd.qmin, qd.qmax,
-                                           qd.storage_dtype, affine.ROUND_ADD)
+    return ops_quantize.quantize_with_multiplier(y, 1.0, out_zp, out_zp if relu else qd.qmin,
+                                                 qd.qmax, qd.storage_dtype, affine.ROUND_ADD)
 
 
 @torch.library.custom_op("torchquant::batch_norm", mutates_args=())
@@ -102,8 +103,8 @@ def batch_norm(x: torch.Tensor, x_scale: float, x_zp: int, weight: Optional[torc
 # ---- layer / group / instance norm -----------------------------------------------------------
 
 def _layer_norm(x, x_scale, x_zp, normalized_shape, weight, bias, eps, out_scale, out_zp, qd):
-    y = F.layer_norm(affine.dequantize_per_tensor_int(x, x_scale, x_zp), list(normalized_shape), weight, bias, eps)
-    return affine.quantize_per_tensor_int(y, out_scale, out_zp, qd)
+    y = F.layer_norm(ops_quantize.dequantize_per_tensor_int(x, x_scale, x_zp), list(normalized_shape), weight, bias, eps)
+    return ops_quantize.quantize_per_tensor_int(y, out_scale, out_zp, qd)
 
 
 @torch.library.custom_op("torchquant::layer_norm", mutates_args=())
@@ -135,8 +136,8 @@ def layer_norm(x: torch.Tensor, x_scale: float, x_zp: int, normalized_shape: Seq
 
 
 def _group_norm(x, x_scale, x_zp, num_groups, weight, bias, eps, out_scale, out_zp, qd):
-    y = F.group_norm(affine.dequantize_per_tensor_int(x, x_scale, x_zp), num_groups, weight, bias, eps)
-    return affine.quantize_per_tensor_int(y, out_scale, out_zp, qd)
+    y = F.group_norm(ops_quantize.dequantize_per_tensor_int(x, x_scale, x_zp), num_groups, weight, bias, eps)
+    return ops_quantize.quantize_per_tensor_int(y, out_scale, out_zp, qd)
 
 
 @torch.library.custom_op("torchquant::group_norm", mutates_args=())
@@ -166,8 +167,8 @@ def group_norm(x: torch.Tensor, x_scale: float, x_zp: int, num_groups: int,
 
 
 def _instance_norm(x, x_scale, x_zp, weight, bias, eps, out_scale, out_zp, qd):
-    y = F.instance_norm(affine.dequantize_per_tensor_int(x, x_scale, x_zp), weight=weight, bias=bias, eps=eps)
-    return affine.quantize_per_tensor_int(y, out_scale, out_zp, qd)
+    y = F.instance_norm(ops_quantize.dequantize_per_tensor_int(x, x_scale, x_zp), weight=weight, bias=bias, eps=eps)
+    return ops_quantize.quantize_per_tensor_int(y, out_scale, out_zp, qd)
 
 
 @torch.library.custom_op("torchquant::instance_norm", mutates_args=())
@@ -197,7 +198,7 @@ def instance_norm(x: torch.Tensor, x_scale: float, x_zp: int, weight: Optional[t
 # ---- softmax ---------------------------------------------------------------------------------
 
 def _softmax(x, x_scale, x_zp, dim, out_scale, out_zp, qd):
-    return affine.quantize_per_tensor_int(torch.softmax(affine.dequantize_per_tensor_int(x, x_scale, x_zp), dim), out_scale, out_zp, qd)
+    return ops_quantize.quantize_per_tensor_int(torch.softmax(ops_quantize.dequantize_per_tensor_int(x, x_scale, x_zp), dim), out_scale, out_zp, qd)
 
 
 @torch.library.custom_op("torchquant::softmax", mutates_args=())

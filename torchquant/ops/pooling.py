@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import affine
+from . import quantize as ops_quantize
 from .. import dtypes as _dt
 from ._library import traced
 
@@ -289,8 +290,8 @@ def _requantize_mean(sums: torch.Tensor, valid: torch.Tensor, divisor: torch.Ten
     """``zp + nearbyint((sum - valid * zp) * float32(1 / divisor))`` with mul_add rounding."""
     acc = sums - valid.to(sums.device, sums.dtype) * zero_point
     multiplier = affine.inv_scale_f32(divisor.to(sums.device, torch.float32))
-    return affine.quantize_with_multiplier(acc, multiplier, zero_point, qd.qmin, qd.qmax,
-                                           qd.storage_dtype, affine.MUL_ADD)
+    return ops_quantize.quantize_with_multiplier(acc, multiplier, zero_point, qd.qmin, qd.qmax,
+                                                 qd.storage_dtype, affine.MUL_ADD)
 
 
 def _avg_pool(values: torch.Tensor, zero_point: int, qd: _dt.QDType, ndim: int,
@@ -380,8 +381,8 @@ def _inv_count(count: int) -> float:
 def _requantize_acc(acc: torch.Tensor, multiplier, zero_point: int, qd) -> torch.Tensor:
     """``nearbyint(acc * multiplier + zp)`` (MUL_ADD) for exact integer ``acc``:
     :func:`_requantize_mean` with Python-number qparams."""
-    return affine.quantize_with_multiplier(acc, multiplier, zero_point, qd.qmin, qd.qmax,
-                                           qd.storage_dtype, affine.MUL_ADD)
+    return ops_quantize.quantize_with_multiplier(acc, multiplier, zero_point, qd.qmin, qd.qmax,
+                                                 qd.storage_dtype, affine.MUL_ADD)
 
 
 def _mean_formula(sums: torch.Tensor, count: int, zero_point: int, qd) -> torch.Tensor:

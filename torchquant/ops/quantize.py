@@ -1,19 +1,89 @@
-"""Quantize / dequantize ops on plain tensors: per tensor (Python-number qparams, which a graph
-holds as constants) and per channel (qparams as tensors).
+"""Quantize / dequantize on plain tensors.
+
+Two kinds of function live here:
+
+* the fast forms of :mod:`torchquant.affine`'s quantize functions (:func:`quantize_int`,
+  :func:`dequantize_int`, :func:`quantize_per_tensor_int`, :func:`dequantize_per_tensor_int`,
+  :func:`quantize_finite_per_tensor`, :func:`quantize_with_multiplier`): same signatures, same
+  integers, run on the fastest registered kernel that applies.  Other ops and the tensor layer
+  call these inside their own implementations;
+* the registered ops ``torch.ops.torchquant.quantize_per_tensor`` / ``dequantize_per_tensor`` /
+  ``quantize_per_channel`` / ``dequantize_per_channel``: per tensor (Python-number qparams,
+  which a graph holds as constants) and per channel (qparams as tensors), with Python functions
+  that call the kernels directly in eager mode and emit the op when traced.
 
 8- and 32-bit dtypes only: sub-byte values are packed by the tensor layer, not here.  The
 rounding formula of each dtype / granularity is :func:`torchquant.affine.quantize_mode`'s.
 """
 from __future__ import annotations
 
+from typing import Any, Optional
+
 import torch
 
-from .. import affine
+from .. import affine, kernels
 from .. import dtypes as _dt
 from ._library import traced
 
-__all__ = ["quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel",
+__all__ = ["quantize_int", "dequantize_int", "quantize_per_tensor_int", "dequantize_per_tensor_int",
+           "quantize_finite_per_tensor", "quantize_with_multiplier",
+           "quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel",
            "dequantize_per_channel"]
+
+
+# --------------------------------------------------------------------------------------------
+# Fast forms of affine's functions (eager; the kernel registry picks the implementation)
+# --------------------------------------------------------------------------------------------
+
+def quantize_int(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int,
+                 qmax: int, storage_dtype: torch.dtype, axis: Optional[int] = None,
+                 mode: str = affine.FMA) -> torch.Tensor:
+    """:func:`torchquant.affine.quantize_int` on the fastest kernel that applies."""
+    x32, inv, zp, mode = affine.quantize_operands(x, scale, zero_point, axis, mode)
+    fn = kernels.get("quantize", x, mode=mode, per_channel=axis is not None)
+    return fn(x32, inv, zp, qmin, qmax, storage_dtype, mode)
+
+
+def dequantize_int(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                   axis: Optional[int] = None) -> torch.Tensor:
+    """:func:`torchquant.affine.dequantize_int` on the fastest kernel that applies."""
+    fn = kernels.get("dequantize", q, per_channel=axis is not None)
+    return fn(*affine.dequantize_operands(q, scale, zero_point, axis))
+
+
+def quantize_per_tensor_int(x: torch.Tensor, scale: float, zero_point: int,
+                            qdtype: _dt.QDType) -> torch.Tensor:
+    """:func:`torchquant.affine.quantize_per_tensor_int` on the fastest kernel that applies."""
+    return quantize_int(x, *affine.per_tensor_qparams(scale, zero_point, x.device), qdtype.qmin,
+                        qdtype.qmax, qdtype.storage_dtype, None,
+                        affine.quantize_mode(qdtype, per_channel=False))
+
+
+def dequantize_per_tensor_int(q: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
+    """:func:`torchquant.affine.dequantize_per_tensor_int` on the fastest kernel that applies."""
+    return dequantize_int(q, *affine.per_tensor_qparams(scale, zero_point, q.device))
+
+
+def quantize_finite_per_tensor(x: torch.Tensor, scale: float, zero_point: int, qmin: int,
+                               qmax: int, storage_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`torchquant.affine.quantize_finite_per_tensor` on the fastest kernel that applies
+    (one fused pass for large inputs, four eager ops for small ones)."""
+    inv, zp = affine.finite_per_tensor_operands(x, scale, zero_point)
+    return kernels.get("quantize_finite", x)(x, inv, zp, qmin, qmax, storage_dtype)
+
+
+def quantize_with_multiplier(x: torch.Tensor, multiplier: Any, zero_point: Any, qmin: int,
+                             qmax: int, storage_dtype: torch.dtype,
+                             mode: str = affine.ROUND_ADD) -> torch.Tensor:
+    """:func:`torchquant.affine.quantize_with_multiplier` on the fastest kernel that applies."""
+    fn = kernels.get("quantize", x, mode=mode, per_channel=False)
+    return fn(*affine.quantize_with_multiplier_operands(x, multiplier, zero_point), qmin, qmax,
+              storage_dtype, mode)
+
+
+# --------------------------------------------------------------------------------------------
+# Registered ops: per tensor, per channel
+# --------------------------------------------------------------------------------------------
 
 
 def _byte_qdtype(name: str) -> _dt.QDType:
@@ -26,7 +96,7 @@ def _byte_qdtype(name: str) -> _dt.QDType:
 @torch.library.custom_op("torchquant::quantize_per_tensor", mutates_args=())
 def _quantize_per_tensor_op(x: torch.Tensor, scale: float, zero_point: int,
                             qdtype: str) -> torch.Tensor:
-    return affine.quantize_per_tensor_int(x, scale, zero_point, _byte_qdtype(qdtype))
+    return quantize_per_tensor_int(x, scale, zero_point, _byte_qdtype(qdtype))
 
 
 @_quantize_per_tensor_op.register_fake
@@ -39,12 +109,12 @@ def quantize_per_tensor(x: torch.Tensor, scale: float, zero_point: int,
     """The integers of ``x`` quantized with one (scale, zero_point) (validated by the caller)."""
     if traced(x):
         return torch.ops.torchquant.quantize_per_tensor(x, scale, zero_point, qdtype.name)
-    return affine.quantize_per_tensor_int(x, scale, zero_point, qdtype)
+    return quantize_per_tensor_int(x, scale, zero_point, qdtype)
 
 
 @torch.library.custom_op("torchquant::dequantize_per_tensor", mutates_args=())
 def _dequantize_per_tensor_op(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
-    return affine.dequantize_per_tensor_int(x, scale, zero_point)
+    return dequantize_per_tensor_int(x, scale, zero_point)
 
 
 @_dequantize_per_tensor_op.register_fake
@@ -56,14 +126,13 @@ def dequantize_per_tensor(x: torch.Tensor, scale: float, zero_point: int) -> tor
     """``(x - zero_point) * scale`` in float32."""
     if traced(x):
         return torch.ops.torchquant.dequantize_per_tensor(x, scale, zero_point)
-    return affine.dequantize_per_tensor_int(x, scale, zero_point)
+    return dequantize_per_tensor_int(x, scale, zero_point)
 
 
 def _quantize_per_channel(x: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
                           axis: int, qdtype: _dt.QDType) -> torch.Tensor:
-    return affine.quantize_int(x, scales, zero_points, qdtype.qmin, qdtype.qmax,
-                               qdtype.storage_dtype, axis,
-                               affine.quantize_mode(qdtype, per_channel=True))
+    return quantize_int(x, scales, zero_points, qdtype.qmin, qdtype.qmax, qdtype.storage_dtype,
+                        axis, affine.quantize_mode(qdtype, per_channel=True))
 
 
 @torch.library.custom_op("torchquant::quantize_per_channel", mutates_args=())
@@ -89,7 +158,7 @@ def quantize_per_channel(x: torch.Tensor, scales: torch.Tensor, zero_points: tor
 @torch.library.custom_op("torchquant::dequantize_per_channel", mutates_args=())
 def _dequantize_per_channel_op(x: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
                                axis: int) -> torch.Tensor:
-    return affine.dequantize_int(x, scales, zero_points, axis)
+    return dequantize_int(x, scales, zero_points, axis)
 
 
 @_dequantize_per_channel_op.register_fake
@@ -102,4 +171,4 @@ def dequantize_per_channel(x: torch.Tensor, scales: torch.Tensor, zero_points: t
     """``(x - zero_points) * scales`` along ``axis``, float32."""
     if traced(x, scales, zero_points):
         return torch.ops.torchquant.dequantize_per_channel(x, scales, zero_points, axis)
-    return affine.dequantize_int(x, scales, zero_points, axis)
+    return dequantize_int(x, scales, zero_points, axis)

@@ -31,6 +31,7 @@ from typing import Any, Optional, Union
 import torch
 
 from .. import affine
+from ..ops import quantize as ops_quantize
 from .. import dtypes as _dt
 from ._partial_wrapper import _with_args
 from .granularity import Granularity, MappingType, TorchAODType, ZeroPointDomain, get_block_size
@@ -90,31 +91,10 @@ def _enum_name(value: Union[str, MappingType, ZeroPointDomain], enum_cls: type) 
                      f"got {value!r}")
 
 
-def _block_layout(block_size: tuple[int, ...], shape: torch.Size) -> tuple[list[int], list[int]]:
-    """The view that puts every block in its own trailing dims, and the dims to reduce over."""
-    if len(block_size) != len(shape):
-        raise ValueError(f"block_size {tuple(block_size)} needs one entry per dim of an input of "
-                         f"shape {tuple(shape)}")
-    view_shape: list[int] = []
-    reduce_dims: list[int] = []
-    for dim, (block, size) in enumerate(zip(block_size, shape)):
-        if block < 1:
-            raise ValueError(f"block_size entries must be >= 1, got {tuple(block_size)}")
-        if 1 < block != size:
-            if size % block:
-                raise ValueError(f"input dim {dim} of size {size} is not divisible by its "
-                                 f"block size {block}")
-            view_shape += [size // block, block]
-            reduce_dims.append(len(view_shape) - 1)
-        else:
-            view_shape.append(size)
-            if block != 1:
-                reduce_dims.append(len(view_shape) - 1)
-    return view_shape, reduce_dims
-
-
-def _qparam_shape(view_shape: list[int], reduce_dims: list[int]) -> list[int]:
-    return [1 if d in reduce_dims else n for d, n in enumerate(view_shape)]
+# The block layout is affine's (the ops' per-block quantize uses the same one).
+_block_layout = affine.block_layout
+_qparam_shape = affine.block_qparam_shape
+_as_block_param = affine.block_qparams_view
 
 
 def _block_min_max(x: torch.Tensor, block_size: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,17 +116,6 @@ def _check_finite_statistics(owner: str, min_val: torch.Tensor, max_val: torch.T
         if not bool(torch.isfinite(value).all()):
             raise ValueError(f"{owner}: observed {name} is not finite ({value.flatten()[:8].tolist()}); "
                              "the input contains NaN or Inf")
-
-
-def _as_block_param(t: torch.Tensor, shape: list[int], name: str) -> torch.Tensor:
-    """``t`` viewed against the blocked input (torchao accepts any shape with the right numel)."""
-    numel = 1
-    for n in shape:
-        numel *= n
-    if t.numel() != numel:
-        raise ValueError(f"{name} has {t.numel()} elements but the block layout needs {numel} "
-                         f"(one per block, block grid {[n for n in shape if n != 1]})")
-    return t.reshape(shape)
 
 
 def _integral_zero_point(zero_point: torch.Tensor) -> torch.Tensor:
@@ -223,7 +192,7 @@ def quantize_affine(input: torch.Tensor, block_size: tuple[int, ...], scale: tor
         offset = no_offset
     else:
         offset = no_offset
-    q = affine.quantize_int(x, scale_b, offset, qmin, qmax, storage, None, affine.ROUND_ADD)
+    q = ops_quantize.quantize_int(x, scale_b, offset, qmin, qmax, storage, None, affine.ROUND_ADD)
     return q.reshape(input.shape)
 
 
@@ -247,13 +216,13 @@ def dequantize_affine(input: torch.Tensor, block_size: tuple[int, ...], scale: t
     q = input.reshape(view_shape)
     if domain == "INT":
         zp_b = _integral_zero_point(_as_block_param(_require(zero_point), qshape, "zero_point"))
-        out = affine.dequantize_int(q, scale_b, zp_b)
+        out = ops_quantize.dequantize_int(q, scale_b, zp_b)
     elif domain == "FLOAT":
         mid = torch.tensor((qmax + qmin + 1) / 2, dtype=torch.float32, device=input.device)
         zp_b = _as_block_param(_require(zero_point), qshape, "zero_point").to(torch.float32)
-        out = affine.dequantize_int(q, scale_b, mid) + zp_b
+        out = ops_quantize.dequantize_int(q, scale_b, mid) + zp_b
     else:
-        out = affine.dequantize_int(q, scale_b, torch.zeros((), dtype=torch.int32,
+        out = ops_quantize.dequantize_int(q, scale_b, torch.zeros((), dtype=torch.int32,
                                                             device=input.device))
     return out.reshape(input.shape).to(output_dtype)
 

@@ -5,7 +5,7 @@ keeps the resulting ``scale`` / ``zero_point`` in buffers, and rounds its input 
 with a straight-through gradient.  Two buffers switch the halves independently
 (``observer_enabled``, ``fake_quant_enabled``); they are tensors, not Python flags, so they are
 saved in state dicts and broadcast by DDP.  The elementwise math is
-:func:`torchquant.affine.fake_quantize` (bit-exact with torch's fake-quantize ops).
+:func:`torchquant.ops.fake_quantize.fake_quantize` (bit-exact with torch's fake-quantize ops).
 """
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import torch
 from torch import nn
 
 from .. import affine
+from ..ops import fake_quantize as ops_fake_quantize
+from ..ops._library import traced
 from .. import dtypes as _dt
 from .observer import (
     FixedQParamsObserver,
@@ -84,14 +86,28 @@ class FakeQuantizeBase(ABC, nn.Module):
     def calculate_qparams(self, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         ...
 
+    def _enabled(self, flag: str) -> bool:
+        """Whether buffer ``flag`` is on.  Eager reads the buffer (and remembers the value);
+        a traced graph (``torch.export``, ``torch.compile``) cannot branch on buffer data, so
+        it uses the value last read eagerly or set through ``enable_*`` / ``disable_*``."""
+        buffer = getattr(self, flag)
+        seen = self.__dict__.setdefault("_seen_flags", {})
+        if traced(buffer):
+            return seen.get(flag, True)
+        on = bool(buffer[0] == 1)
+        seen[flag] = on
+        return on
+
     def enable_fake_quant(self, enabled: bool = True) -> None:
         self.fake_quant_enabled[0] = 1 if enabled else 0
+        self.__dict__.setdefault("_seen_flags", {})["fake_quant_enabled"] = bool(enabled)
 
     def disable_fake_quant(self) -> None:
         self.enable_fake_quant(False)
 
     def enable_observer(self, enabled: bool = True) -> None:
         self.observer_enabled[0] = 1 if enabled else 0
+        self.__dict__.setdefault("_seen_flags", {})["observer_enabled"] = bool(enabled)
 
     def disable_observer(self) -> None:
         self.enable_observer(False)
@@ -157,12 +173,12 @@ class FakeQuantize(FakeQuantizeBase):
 
     def _fake_quantize(self, x: torch.Tensor) -> torch.Tensor:
         axis = self.ch_axis if self.is_per_channel else None
-        return affine.fake_quantize(x, self.scale, self.zero_point,
-                                    self.activation_post_process.quant_min,
-                                    self.activation_post_process.quant_max, axis)
+        return ops_fake_quantize.fake_quantize(x, self.scale, self.zero_point,
+                                               self.activation_post_process.quant_min,
+                                               self.activation_post_process.quant_max, axis)
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
-        if self.observer_enabled[0] == 1:
+        if self._enabled("observer_enabled"):
             self.activation_post_process(X.detach())
             scale, zero_point = self.calculate_qparams()
             scale = scale.to(self.scale.device)
@@ -172,7 +188,7 @@ class FakeQuantize(FakeQuantizeBase):
                 self.zero_point.resize_(zero_point.shape)
             self.scale.copy_(scale)
             self.zero_point.copy_(zero_point)
-        if self.fake_quant_enabled[0] == 1:
+        if self._enabled("fake_quant_enabled"):
             X = self._fake_quantize(X)
         return X
 
@@ -192,6 +208,9 @@ class FakeQuantize(FakeQuantizeBase):
                 getattr(self, name).resize_(saved.shape)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
+        seen = self.__dict__.setdefault("_seen_flags", {})
+        for flag in ("fake_quant_enabled", "observer_enabled"):
+            seen[flag] = bool(getattr(self, flag)[0] == 1)
 
 
 class FixedQParamsFakeQuantize(FakeQuantize):
@@ -293,9 +312,9 @@ class FusedMovingAvgObsFakeQuantize(FakeQuantize):
             # [TQ] torch leaves these uninitialised until fake-quant first runs.
             self.scale.resize_(channels).fill_(1.0)
             self.zero_point.resize_(channels).fill_(0)
-        if self.observer_enabled[0] == 1:
+        if self._enabled("observer_enabled"):
             self._update_running_min_max(X.detach())
-        if self.fake_quant_enabled[0] != 1:
+        if not self._enabled("fake_quant_enabled"):
             return X.clone()
         # ATen widens the range to contain 0 before anything else reads it; doing that first
         # also lets the never-observed state (+inf, -inf) through as (0, 0), as in ATen.
@@ -409,9 +428,9 @@ class _LearnableFakeQuantize(FakeQuantizeBase):
                 self.zero_point.data.zero_()
             grad_factor = 1.0 / (X.numel() * self.quant_max) ** 0.5 if self.use_grad_scaling else 1.0
             per_channel = self.qscheme in (_dt.per_channel_symmetric, _dt.per_channel_affine)
-            X = affine.fake_quantize_learnable(X, self.scale, self.zero_point, self.quant_min,
-                                               self.quant_max,
-                                               self.ch_axis if per_channel else None, grad_factor)
+            X = ops_fake_quantize.fake_quantize_learnable(
+                X, self.scale, self.zero_point, self.quant_min, self.quant_max,
+                self.ch_axis if per_channel else None, grad_factor)
         return X
 
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import affine
+from ...ops import quantize as ops_quantize
 from ... import dtypes as _dt
 from ...ops import conv as ops_conv
 from ...qtensor import QTensor
@@ -81,8 +82,8 @@ def _conv_float_out(x_int: torch.Tensor, x_scale: Any, x_zero_point: Any,
                     packed: ops_conv.PackedConvWeight) -> torch.Tensor:
     """The float result ``conv(x_hat, w_hat, bias)`` before requantization (what a fused
     post-op such as an add works on)."""
-    x_hat = affine.dequantize_int(x_int.contiguous(), torch.as_tensor(x_scale),
-                                  torch.as_tensor(x_zero_point))
+    x_hat = ops_quantize.dequantize_int(x_int.contiguous(), torch.as_tensor(x_scale),
+                                        torch.as_tensor(x_zero_point))
     return _FLOAT_CONV[packed.spatial_dims](x_hat, packed.dequantized_weight(), packed.bias,
                                             packed.stride, packed.padding, packed.dilation,
                                             packed.groups)

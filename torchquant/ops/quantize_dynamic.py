@@ -1,0 +1,122 @@
+"""Dynamic quantization as registered ops: choose the qparams from the input, quantize, return
+``(integers, scale, zero_point)`` -- one op, so a graph needs no data-dependent qparams node.
+
+* per tensor (:func:`quantize_dynamic_per_tensor`): quint8 / qint8 with ATen's
+  ``ChooseQuantizationParams`` rule, as torch's dynamic quantization
+  (``torch.quantize_per_tensor_dynamic``, ``torch._choose_qparams_per_tensor``); the scale is
+  the double ATen computes, the integers use its float32 rounding as ATen's kernels do.
+  ``reduce_range`` chooses the qparams for half the range (0..127 for quint8) as fbgemm's
+  dynamic Linear does, while the values are still clamped to the full range.
+* per token (:func:`quantize_dynamic_per_token`): one symmetric int8 scale per row (all dims
+  but the last), torchao's per-token rule: ``scale = max(max|row| / 127, 1e-5)``, codes in
+  -127..127, zero point 0.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+from .. import affine
+from .. import dtypes as _dt
+from ..kernels.linear import PER_TOKEN_EPS, PER_TOKEN_QMAX, PER_TOKEN_QMIN, per_token_scale
+from . import quantize as ops_quantize
+from ._library import traced
+
+__all__ = ["quantize_dynamic_per_tensor", "quantize_dynamic_per_token"]
+
+_DYNAMIC_QDTYPES = ("quint8", "qint8")
+
+
+def _dynamic_qdtype(qdtype: Union[str, _dt.QDType]) -> _dt.QDType:
+    resolved = _dt.qdtype_of(qdtype) if isinstance(qdtype, str) else qdtype
+    if resolved.name not in _DYNAMIC_QDTYPES:
+        raise ValueError(f"dynamic per-tensor quantization supports quint8 and qint8, got "
+                         f"{resolved!r}")
+    return resolved
+
+
+def _quantize_dynamic_per_tensor(x: torch.Tensor, qdtype: _dt.QDType, reduce_range: bool
+                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x = x.detach().to(torch.float32)
+    if x.numel():
+        mn, mx = torch.aminmax(x)
+        mn, mx = mn.item(), mx.item()
+    else:
+        mn = mx = 0.0
+    # raises on NaN / Inf, so the finite quantize form applies
+    scale, zero_point = affine.choose_qparams_aten_scalar(mn, mx, qdtype.qmin, qdtype.qmax,
+                                                          False, reduce_range,
+                                                          float32_scale=False)
+    q = ops_quantize.quantize_finite_per_tensor(x, scale, zero_point, qdtype.qmin, qdtype.qmax,
+                                                qdtype.storage_dtype)
+    return (q, torch.tensor(scale, dtype=torch.float64, device=x.device),
+            torch.tensor(zero_point, dtype=torch.int64, device=x.device))
+
+
+@torch.library.custom_op("torchquant::quantize_dynamic_per_tensor", mutates_args=())
+def _quantize_dynamic_per_tensor_op(x: torch.Tensor, qdtype: str, reduce_range: bool
+                                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _quantize_dynamic_per_tensor(x, _dynamic_qdtype(qdtype), reduce_range)
+
+
+@_quantize_dynamic_per_tensor_op.register_fake
+def _(x, qdtype, reduce_range):
+    storage = _dynamic_qdtype(qdtype).storage_dtype
+    return (torch.empty_like(x, dtype=storage), x.new_empty((), dtype=torch.float64),
+            x.new_empty((), dtype=torch.int64))
+
+
+def quantize_dynamic_per_tensor(x: torch.Tensor, qdtype: Union[str, _dt.QDType] = "quint8",
+                                reduce_range: bool = False
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes, 0-d float64 scale, 0-d int64 zero point) of float ``x`` with qparams chosen from
+    its min / max.  ValueError on NaN or Inf."""
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"quantize_dynamic_per_tensor expects a float input, got {x.dtype}")
+    resolved = _dynamic_qdtype(qdtype)
+    if traced(x):
+        return torch.ops.torchquant.quantize_dynamic_per_tensor(x, resolved.name, reduce_range)
+    return _quantize_dynamic_per_tensor(x, resolved, reduce_range)
+
+
+def _quantize_dynamic_per_token(x: torch.Tensor
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if x.dim() == 0:
+        raise ValueError("per-token quantization needs at least one dim")
+    x2d = x.detach().to(torch.float32).reshape(-1, x.size(-1))
+    if x2d.size(-1) == 0:
+        scale = torch.full((x2d.size(0),), PER_TOKEN_EPS, device=x.device)
+    else:
+        scale = per_token_scale(x2d)
+    if not bool(torch.isfinite(scale).all()):
+        raise ValueError("quantize_dynamic_per_token: input contains NaN or Inf")
+    zero_point = torch.zeros_like(scale, dtype=torch.int32)
+    q = ops_quantize.quantize_int(x2d, scale, zero_point, PER_TOKEN_QMIN, PER_TOKEN_QMAX,
+                                  torch.int8, 0, affine.quantize_mode(_dt.qint8, per_channel=True))
+    rows = x.shape[:-1]
+    return q.reshape(x.shape), scale.reshape(rows), zero_point.reshape(rows)
+
+
+@torch.library.custom_op("torchquant::quantize_dynamic_per_token", mutates_args=())
+def _quantize_dynamic_per_token_op(x: torch.Tensor
+                                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _quantize_dynamic_per_token(x)
+
+
+@_quantize_dynamic_per_token_op.register_fake
+def _(x):
+    rows = x.shape[:-1]
+    return (torch.empty_like(x, dtype=torch.int8), x.new_empty(rows, dtype=torch.float32),
+            x.new_empty(rows, dtype=torch.int32))
+
+
+def quantize_dynamic_per_token(x: torch.Tensor
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(int8 codes, float32 scale per row, int32 zero point per row (0)) of float ``x``; the
+    rows are all dims but the last.  ValueError on NaN or Inf."""
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"quantize_dynamic_per_token expects a float input, got {x.dtype}")
+    if traced(x):
+        return torch.ops.torchquant.quantize_dynamic_per_token(x)
+    return _quantize_dynamic_per_token(x)
