@@ -8,7 +8,8 @@ This package is the only caller of the kernel registry for these computations.
 """
 from __future__ import annotations
 
-from . import binary, conv, linear, normalization, pooling, quantize
+from . import binary, conv, embedding, linear, linear_fp16, normalization, pooling, quantize, rnn
 from ._library import traced
 
-__all__ = ["binary", "conv", "linear", "normalization", "pooling", "quantize", "traced"]
+__all__ = ["binary", "conv", "embedding", "linear", "linear_fp16", "normalization", "pooling",
+           "quantize", "rnn", "traced"]
