@@ -114,8 +114,7 @@ class Linear(_nnq_linear.Linear):
         if per_token and dtype is torch.float16:
             raise ValueError("per-token activations need qint8 weights, not float16")
         self.per_token = bool(per_token)
-        self._fp16_cache: tuple[Any, Optional[ops_linear_fp16.PackedLinearFp16Weight]] = \
-            (None, None)
+        self._fp16_packed: Optional[ops_linear_fp16.PackedLinearFp16Weight] = None
         if dtype is torch.float16:
             self._packed_params = _nnq_linear.LinearPackedParams(torch.float16)
             self._packed_params.set_weight_bias(
@@ -144,11 +143,12 @@ class Linear(_nnq_linear.Linear):
     def _float16_packed(self) -> ops_linear_fp16.PackedLinearFp16Weight:
         """The float16 weight packed for :func:`~torchquant.ops.linear_fp16.linear_dynamic_fp16`
         (its float32 widening built once), cached until the weight changes."""
-        params = self._packed_params.packed
-        key, packed = getattr(self, "_fp16_cache", (None, None))  # (modules pickled before)
-        if key is not params or packed is None:
-            packed = ops_linear_fp16.pack_linear_fp16(*params)
-            self._fp16_cache = (params, packed)
+        weight, bias = self._packed_params.packed
+        packed = getattr(self, "_fp16_packed", None)  # (absent in modules pickled before)
+        # tensors compared, not the (weight, bias) tuple: dynamo traces this too
+        if packed is None or packed.weight is not weight or packed.bias is not bias:
+            packed = ops_linear_fp16.pack_linear_fp16(weight, bias)
+            self._fp16_packed = packed
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
