@@ -42,7 +42,7 @@ from .. import kernels as _kernels
 from ..kernels import cpu_compiled as _cpu_compiled
 from ..kernels import linear as _klinear
 from ..kernels.linear import PackedLinearWeight
-from ._library import PackCache, traced, weight_qparams
+from ._library import PackCache, weight_qparams
 from .linear import pack_linear
 from .linear_fp16 import PackedLinearFp16Weight, pack_linear_fp16
 
@@ -195,28 +195,34 @@ def _(ih, h, weight, weight_scale, weight_zero_point, bias, reduce_range, nonlin
 
 # ---- what modules call ----------------------------------------------------------------------
 
+def _eager(ih: Tensor, h: Tensor, c: Optional[Tensor] = None) -> bool:
+    """``not traced(ih, h, c)`` unrolled: it runs once per time step (plain-tensor checks
+    first; dynamo shows traced tensors as plain, hence ``is_compiling`` after them)."""
+    return (type(ih) is Tensor and type(h) is Tensor and (c is None or type(c) is Tensor)
+            and not torch.compiler.is_compiling())
+
+
 def lstm_step(ih: Tensor, h: Tensor, c: Tensor, packed: GateWeight,
               reduce_range: bool = True) -> tuple[Tensor, Tensor]:
     """One LSTM step: gates ``ih + linear(h, w_hh, b_hh)`` (i, f, g, o), then
     ``c' = f * c + i * g`` and ``h' = o * tanh(c')``; returns ``(h', c')``."""
-    if traced(ih, h, c):
-        return torch.ops.torchquant.lstm_step_dynamic(ih, h, c, *_graph_args(packed),
-                                                      reduce_range)
-    return _lstm_step(ih, h, c, packed, reduce_range)
+    if _eager(ih, h, c):
+        return _lstm_step(ih, h, c, packed, reduce_range)
+    return torch.ops.torchquant.lstm_step_dynamic(ih, h, c, *_graph_args(packed), reduce_range)
 
 
 def gru_step(ih: Tensor, h: Tensor, packed: GateWeight, reduce_range: bool = True) -> Tensor:
     """One GRU step (torch's gate order r, z, n; ``n = tanh(ih_n + r * hh_n)``); returns
     ``h' = (h - n) * z + n``."""
-    if traced(ih, h):
-        return torch.ops.torchquant.gru_step_dynamic(ih, h, *_graph_args(packed), reduce_range)
-    return _gru_step(ih, h, packed, reduce_range)
+    if _eager(ih, h):
+        return _gru_step(ih, h, packed, reduce_range)
+    return torch.ops.torchquant.gru_step_dynamic(ih, h, *_graph_args(packed), reduce_range)
 
 
 def rnn_step(ih: Tensor, h: Tensor, packed: GateWeight, reduce_range: bool = True,
              nonlinearity: str = "tanh") -> Tensor:
     """One Elman step: ``h' = act(linear(h, w_hh, b_hh) + ih)``, act 'tanh' or 'relu'."""
-    if traced(ih, h):
-        return torch.ops.torchquant.rnn_step_dynamic(ih, h, *_graph_args(packed), reduce_range,
-                                                     nonlinearity)
-    return _rnn_step(ih, h, packed, reduce_range, nonlinearity)
+    if _eager(ih, h):
+        return _rnn_step(ih, h, packed, reduce_range, nonlinearity)
+    return torch.ops.torchquant.rnn_step_dynamic(ih, h, *_graph_args(packed), reduce_range,
+                                                 nonlinearity)
