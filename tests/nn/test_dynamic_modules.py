@@ -436,7 +436,7 @@ def test_rnn_cell_pointwise_runs_compiled_and_matches_eager():
     shape from the first call; inductor's sigmoid / tanh may round an ulp away from eager
     torch's, hence the float tolerance."""
     from torchquant.kernels import cpu_compiled
-    from torchquant.nn.quantized.dynamic.modules import rnn as R
+    from torchquant.ops import rnn as R
     gen = torch.Generator().manual_seed(5)
     hh, ih = torch.randn(3, 4 * 16, generator=gen), torch.randn(5, 3, 4 * 16, generator=gen)
     c = torch.randn(3, 16, generator=gen)

@@ -35,12 +35,15 @@ MODES = ("sum", "mean", "max")
 
 @dataclass
 class PackedEmbeddingWeight:
-    """An embedding table prepared for lookups: integers plus torch's per-row scale and bias."""
+    """An embedding table prepared for lookups: integers plus torch's per-row scale and bias
+    (derived), and the per-row qparams they came from (what a graph passes to the op)."""
 
     values: torch.Tensor      # uint8 [N, D], unpacked (4-bit values lie in 0..15)
     row_scale: torch.Tensor   # float32 [N] (float16-representable for 4-bit)
     row_bias: torch.Tensor    # float32 [N], -(zero_point * scale)
     bits: int
+    scale: torch.Tensor       # float32 [N], the qparams as given
+    zero_point: torch.Tensor  # float32 [N]
 
     @property
     def num_embeddings(self) -> int:
@@ -70,11 +73,12 @@ def pack_embedding_weight(values: torch.Tensor, scale: torch.Tensor, zero_point:
     if scale.numel() != n or zero_point.numel() != n:
         raise ValueError(f"an embedding table with {n} rows needs {n} scales and zero points, "
                          f"got {scale.numel()} and {zero_point.numel()}")
-    bias = -(zero_point * scale)  # float32 product, as torch's prepack
+    row_scale, row_bias = scale, -(zero_point * scale)  # float32 product, as torch's prepack
     if bits == 4:  # 4-bit rows keep their scale and bias as float16
-        scale = scale.to(torch.float16).to(torch.float32)
-        bias = bias.to(torch.float16).to(torch.float32)
-    return PackedEmbeddingWeight(values.contiguous(), scale, bias, bits)
+        row_scale = row_scale.to(torch.float16).to(torch.float32)
+        row_bias = row_bias.to(torch.float16).to(torch.float32)
+    return PackedEmbeddingWeight(values.detach().contiguous(), row_scale, row_bias, bits, scale,
+                                 zero_point)
 
 
 def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -8,9 +8,11 @@ This package is the only caller of the kernel registry for these computations.
 """
 from __future__ import annotations
 
-from . import (activation, binary, compile_lowering, conv, fake_quantize, linear, normalization,
-               pooling, quantize, quantize_block, quantize_dynamic)
+from . import (activation, binary, compile_lowering, conv, embedding, fake_quantize, linear,
+               linear_fp16, normalization, pooling, quantize, quantize_block, quantize_dynamic,
+               rnn)
 from ._library import traced
 
-__all__ = ["activation", "binary", "compile_lowering", "conv", "fake_quantize", "linear",
-           "normalization", "pooling", "quantize", "quantize_block", "quantize_dynamic", "traced"]
+__all__ = ["activation", "binary", "compile_lowering", "conv", "embedding", "fake_quantize",
+           "linear", "linear_fp16", "normalization", "pooling", "quantize", "quantize_block",
+           "quantize_dynamic", "rnn", "traced"]

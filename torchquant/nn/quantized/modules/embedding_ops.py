@@ -2,8 +2,8 @@
 
 The table is quantized per row (axis 0) to quint8 or quint4x2 with float scales and float
 zero points (``per_channel_affine_float_qparams``); lookups return float rows computed the way
-torch's fbgemm kernels compute them (see :mod:`torchquant.kernels.embedding`), so 'sum' bags and
-plain lookups match torch bit for bit.
+torch's fbgemm kernels compute them (:mod:`torchquant.ops.embedding`, one op per forward), so
+'sum' bags and plain lookups match torch bit for bit.
 
 Where torch's modules misbehave we do what their arguments say instead (each is tested):
 
@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .... import dtypes as _dt
-from ....kernels import embedding as _kemb
+from ....ops import embedding as ops_embedding
 from ....qtensor import QTensor
 from ....tensor_functions import quantize_per_channel
 from ... import _workflow
@@ -84,8 +84,8 @@ class EmbeddingPackedParams(nn.Module):
         if weight.dim() != 2:
             raise ValueError(f"embedding weights must be 2-D, got shape {tuple(weight.shape)}")
         self._qweight = weight
-        self._packed_weight = _kemb.pack_embedding_weight(
-            weight._values(), weight.scale, weight.zero_point, weight.qdtype.bits)
+        self._packed_weight = ops_embedding.pack_embedding(
+            weight._values(), weight.scale, weight.zero_point, weight.qdtype.name)
 
     def _weight(self) -> QTensor:
         return self._qweight
@@ -224,7 +224,7 @@ class Embedding(nn.Module):
         return self._packed_params.dtype
 
     def forward(self, indices: torch.Tensor) -> torch.Tensor:
-        return _kemb.embedding_lookup(self._packed_params._packed_weight, indices)
+        return ops_embedding.embedding(indices, self._packed_params._packed_weight)
 
     def _get_name(self) -> str:
         return "QuantizedEmbedding"
@@ -276,7 +276,7 @@ class EmbeddingBag(Embedding):
                  sparse: bool = False, _weight: Optional[QTensor] = None,
                  include_last_offset: bool = False, dtype: Any = _dt.quint8,
                  padding_idx: Optional[int] = None) -> None:
-        if mode not in _kemb.MODES:
+        if mode not in ops_embedding.MODES:
             raise ValueError(f"mode has to be one of sum, mean or max, got {mode!r}")
         super().__init__(num_embeddings, embedding_dim, padding_idx, max_norm, norm_type,
                          scale_grad_by_freq, sparse, _weight, dtype)
@@ -287,9 +287,9 @@ class EmbeddingBag(Embedding):
     def forward(self, indices: torch.Tensor, offsets: Optional[torch.Tensor] = None,
                 per_sample_weights: Optional[torch.Tensor] = None,
                 compressed_indices_mapping: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return _kemb.embedding_bag(self._packed_params._packed_weight, indices, offsets,
-                                   self.mode, per_sample_weights, self.include_last_offset,
-                                   self.padding_idx)
+        return ops_embedding.embedding_bag(indices, self._packed_params._packed_weight, offsets,
+                                           self.mode, per_sample_weights,
+                                           self.include_last_offset, self.padding_idx)
 
     def _get_name(self) -> str:
         return "QuantizedEmbeddingBag"

@@ -22,10 +22,10 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 
 from ..... import dtypes as _dt
 from .....ops import linear as ops_linear
+from .....ops import linear_fp16 as ops_linear_fp16
 from .....qtensor import QTensor
 from ...modules import linear as _nnq_linear
 from ...modules.utils import quantize_weight
@@ -115,7 +115,7 @@ class Linear(_nnq_linear.Linear):
         if per_token and dtype is torch.float16:
             raise ValueError("per-token activations need qint8 weights, not float16")
         self.per_token = bool(per_token)
-        self._fp32_cache: tuple[Any, Optional[torch.Tensor]] = (None, None)
+        self._fp16_packed: Optional[ops_linear_fp16.PackedLinearFp16Weight] = None
         if dtype is torch.float16:
             self._packed_params = _nnq_linear.LinearPackedParams(torch.float16)
             self._packed_params.set_weight_bias(
@@ -141,14 +141,16 @@ class Linear(_nnq_linear.Linear):
         return s
 
     # ---- compute ------------------------------------------------------------------------------
-    def _float16_weight32(self) -> torch.Tensor:
-        """The float16 weight widened to float32, cached until the weight changes."""
-        packed = self._packed_params.packed
-        key, w32 = self._fp32_cache
-        if key is not packed or w32 is None:
-            w32 = packed[0].float()
-            self._fp32_cache = (packed, w32)
-        return w32
+    def _float16_packed(self) -> ops_linear_fp16.PackedLinearFp16Weight:
+        """The float16 weight packed for :func:`~torchquant.ops.linear_fp16.linear_dynamic_fp16`
+        (its float32 widening built once), cached until the weight changes."""
+        weight, bias = self._packed_params.packed
+        packed = getattr(self, "_fp16_packed", None)  # (absent in modules pickled before)
+        # tensors compared, not the (weight, bias) tuple: dynamo traces this too
+        if packed is None or packed.weight is not weight or packed.bias is not bias:
+            packed = ops_linear_fp16.pack_linear_fp16(weight, bias)
+            self._fp16_packed = packed
+        return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, QTensor):
@@ -159,9 +161,7 @@ class Linear(_nnq_linear.Linear):
             if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
                 raise TypeError(f"{self._get_name()}: expected a float input, got "
                                 f"{getattr(x, 'dtype', type(x).__name__)}")
-            bias = self._packed_params.packed[1]
-            y = F.linear(x.float(), self._float16_weight32(), bias)
-            return (torch.relu(y) if relu else y).to(x.dtype)
+            return ops_linear_fp16.linear_dynamic_fp16(x, self._float16_packed(), relu=relu)
         packed = self._packed_params.packed
         if self.per_token:
             return ops_linear.linear_per_token_dynamic(x, packed, relu=relu)

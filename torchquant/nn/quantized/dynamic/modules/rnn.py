@@ -6,7 +6,8 @@ torch's CPU kernels:
 
 * the input-to-hidden projection of a whole layer's sequence is ONE call (one set of activation
   qparams over all time steps -- torch's CPU layers precompute it the same way, packed
-  sequences included); the hidden-to-hidden projection is one call per step;
+  sequences included); the hidden-to-hidden projection and the gate arithmetic are one
+  :mod:`torchquant.ops.rnn` step per time step;
 * activations use ``reduce_range=True`` (0..127, fbgemm clamping), what torch's sequence
   modules and cell ops compute on the x86 / fbgemm engines (attribute ``reduce_range``: set it
   False for qnnpack's numbers);
@@ -21,7 +22,6 @@ state survives ``torch.load(weights_only=True)``.
 from __future__ import annotations
 
 import numbers
-import struct
 import warnings
 from typing import Any, Callable, Optional, Union
 
@@ -30,11 +30,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from ..... import affine
 from ..... import dtypes as _dt
-from ..... import kernels as _kernels
-from .....kernels import cpu_compiled as _cpu_compiled
-from .....kernels import linear as _klinear
+from .....ops import linear as ops_linear
+from .....ops import linear_fp16 as ops_linear_fp16
+from .....ops import rnn as ops_rnn
 from .....qtensor import QTensor
 from .linear import (dynamic_weight_observer, quantize_dynamic_weight, to_float16_weight,
                      weight_dtype_of)
@@ -50,11 +49,11 @@ Hidden = tuple[Tensor, ...]
 # --------------------------------------------------------------------------------------------
 
 class _GateWeight:
-    """The weight (+ bias) of one gate matmul, ready for the kernels: int8 packed for
-    :func:`~torchquant.kernels.linear.dynamic_linear`, or float16 kept with a float32 copy
-    for the matmul."""
+    """The weight (+ bias) of one gate matmul, packed once for the ops: int8
+    (:class:`~torchquant.ops.linear.PackedLinearWeight`) or float16
+    (:class:`~torchquant.ops.linear_fp16.PackedLinearFp16Weight`)."""
 
-    __slots__ = ("dtype", "packed", "weight16", "weight32", "bias")
+    __slots__ = ("dtype", "packed")
 
     def __init__(self, weight: Tensor, bias: Optional[Tensor], dtype: Any) -> None:
         self.dtype = weight_dtype_of(dtype)
@@ -62,80 +61,51 @@ class _GateWeight:
             if isinstance(bias, QTensor) or not bias.dtype.is_floating_point:
                 raise TypeError(f"an RNN bias must be a float tensor, got {bias.dtype}")
             bias = bias.detach().float().contiguous()
-        self.bias = bias
-        self.packed: Optional[_klinear.PackedLinearWeight] = None
-        self.weight16: Optional[Tensor] = None
-        self.weight32: Optional[Tensor] = None
+        self.packed: ops_rnn.GateWeight
         if self.dtype is torch.float16:
             if isinstance(weight, QTensor):
                 raise TypeError("a float16 RNN weight must be a float tensor, got a QTensor")
-            self.weight16 = to_float16_weight(weight)
-            self.weight32 = self.weight16.float()
-            if bias is not None and bias.shape != (self.weight16.size(0),):
+            weight16 = to_float16_weight(weight)
+            if bias is not None and bias.shape != (weight16.size(0),):
                 raise ValueError(f"bias of shape {tuple(bias.shape)} does not fit a weight of "
-                                 f"shape {tuple(self.weight16.shape)}")
+                                 f"shape {tuple(weight16.shape)}")
+            self.packed = ops_linear_fp16.pack_linear_fp16(weight16, bias)
             return
         if not isinstance(weight, QTensor) or weight.qdtype is not _dt.qint8:
             raise TypeError("a qint8 RNN weight must be a qint8 QTensor, got "
                             f"{getattr(weight, 'qdtype', getattr(weight, 'dtype', type(weight)))}")
-        self.packed = _klinear.pack_linear_weight(weight.int_data, weight.scale,
-                                                  weight.zero_point, weight.axis, bias)
+        self.packed = ops_linear.pack_linear_weight(weight.int_data, weight.scale,
+                                                    weight.zero_point, weight.axis, bias)
+
+    @property
+    def bias(self) -> Optional[Tensor]:
+        return self.packed.bias
 
     @property
     def shape(self) -> tuple[int, int]:
-        w = self.weight16 if self.packed is None else self.packed.weight
-        return tuple(w.shape)  # type: ignore[return-value]
+        return tuple(self.packed.weight.shape)  # type: ignore[return-value]
 
     def __call__(self, x: Tensor, reduce_range: bool) -> Tensor:
         """The dynamic quantized matmul of a float32 ``[..., in]`` input (one activation
         quantization for all of it)."""
-        if self.packed is None:
-            return F.linear(x, self.weight32, self.bias)
-        return _klinear.dynamic_linear(x, self.packed, reduce_range=reduce_range)
-
-    def step(self, x: Tensor, reduce_range: bool) -> Tensor:
-        """:meth:`__call__` for the per-time-step hidden state (2-D, float32, finite), with the
-        per-call overhead cut: it runs once per step, so microseconds add up.
-
-        The same numbers as ``dynamic_linear``: ATen's qparam rule (scalar form), then
-        ``clamp(nearbyint(fma(x, 1/s, zp)))`` -- ``affine.quantize_int``'s FMA formula, here
-        through ``affine.requantize`` (that formula without the NaN guard, which finite
-        values do not need: a NaN / inf state fails the qparam choice first; ~4x cheaper on a
-        hidden state) with the float32 reciprocal (``1 / s`` rounded once from double is the
-        correctly rounded float32 quotient) -- and the registry's GEMM kernel."""
-        packed = self.packed
-        if packed is None:
-            return F.linear(x, self.weight32, self.bias)
-        if x.numel() == 0:
-            return _klinear.dynamic_linear(x, packed, reduce_range=reduce_range)
-        mn, mx = torch.aminmax(x)
-        scale, zp = affine.choose_qparams_aten_scalar(mn.item(), mx.item(), 0, 255, False,
-                                                      reduce_range)
-        inv = struct.unpack("f", struct.pack("f", 1.0 / scale))[0]
-        x_q = affine.requantize(x, torch.tensor(inv), torch.tensor(float(zp)), 0, 255,
-                                torch.uint8)
-        fn = _kernels.get("dynamic_linear", x_q, packed=packed)
-        if fn is _reference_dynamic_linear():
-            return fn(x_q, torch.tensor(scale), torch.tensor(zp), packed, False)
-        return fn(x_q, scale, zp, packed, False)  # the fast kernels take Python scalars
+        if self.dtype is torch.float16:
+            return ops_linear_fp16.linear_dynamic_fp16(x, self.packed)
+        return ops_linear.linear_dynamic(x, self.packed, reduce_range=reduce_range)
 
     def weight(self) -> Tensor:
         """qint8 QTensor, or the float16-rounded weight as float32 (what torch unpacks)."""
-        if self.packed is None:
-            return self.weight32  # type: ignore[return-value]
         p = self.packed
+        if self.dtype is torch.float16:
+            return p.weight32
         return QTensor.from_int(p.weight, p.weight_scale, p.weight_zero_point, _dt.qint8, p.axis)
 
     def state(self) -> tuple[Tensor, Optional[Tensor]]:
         """(weight, bias) as saved: the QTensor, or the float16 weight itself."""
-        return (self.weight16 if self.packed is None else self.weight()), self.bias
+        w = self.packed.weight if self.dtype is torch.float16 else self.weight()
+        return w, self.bias
 
     def __reduce__(self):
         return (_GateWeight, (*self.state(), self.dtype))
-
-
-def _reference_dynamic_linear() -> Callable:
-    return _kernels.implementations("dynamic_linear")["reference"].fn
 
 
 def _placeholder_weight(rows: int, cols: int, dtype: Any) -> Tensor:
@@ -170,59 +140,25 @@ def _float_input(x: Any, what: str) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# Gate arithmetic (float32, torch's CPU order)
+# One time step: an ops.rnn call (hidden-to-hidden projection + gate arithmetic)
 # --------------------------------------------------------------------------------------------
 
-# Elementwise torch's cell arithmetic in torch's order, merged only where that changes no element
-# (one sigmoid over all four LSTM gates, the tanh gate taken apart; one add + sigmoid for GRU's
-# r and z).  On CPU it runs as one compiled kernel per (batch, hidden) shape -- eight eager ops
-# on a few thousand elements cost ~60 us a time step, the kernel ~5 us -- built on the first
-# call, so every call of a shape takes the same path (inductor's sigmoid / tanh may round an
-# ulp away from eager torch's; the eager form runs only where no kernel can be built).
-
-def _lstm_pointwise(hh: Tensor, ih: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
-    gates = hh + ih
-    hs = gates.size(1) // 4
-    i, f, _, o = gates.sigmoid().chunk(4, 1)
-    g = gates[:, 2 * hs:3 * hs].tanh()
-    c = f * c + i * g
-    return o * c.tanh(), c
-
-
-def _gru_pointwise(hh: Tensor, ih: Tensor, h: Tensor) -> tuple[Tensor]:
-    hs = h.size(1)
-    rz = (hh[:, :2 * hs] + ih[:, :2 * hs]).sigmoid()
-    r, z = rz[:, :hs], rz[:, hs:]
-    n = (ih[:, 2 * hs:] + hh[:, 2 * hs:] * r).tanh()
-    return ((h - n) * z + n,)
-
-
-def _pointwise(source: Callable, *args: Tensor) -> tuple:
-    if (args[0].device.type == "cpu" and _kernels.mode() == "auto"
-            and not torch.compiler.is_compiling()):
-        kernel = _cpu_compiled.compiled(source.__name__, args, source, hot_calls=1)
-        if kernel is not None:
-            return tuple(kernel(list(args)))
-    return source(*args)
-
-
 def _lstm_cell(ih: Tensor, hidden: Hidden, w_hh: _GateWeight, reduce_range: bool) -> Hidden:
-    h, c = hidden
-    return _pointwise(_lstm_pointwise, w_hh.step(h, reduce_range), ih, c)
+    return ops_rnn.lstm_step(ih, hidden[0], hidden[1], w_hh.packed, reduce_range)
 
 
 def _gru_cell(ih: Tensor, hidden: Hidden, w_hh: _GateWeight, reduce_range: bool) -> Hidden:
-    return _pointwise(_gru_pointwise, w_hh.step(hidden[0], reduce_range), ih, hidden[0])
+    return (ops_rnn.gru_step(ih, hidden[0], w_hh.packed, reduce_range),)
 
 
-def _simple_cell(activation: Callable[[Tensor], Tensor]):
+def _simple_cell(nonlinearity: str):
     def cell(ih: Tensor, hidden: Hidden, w_hh: _GateWeight, reduce_range: bool) -> Hidden:
-        return (activation(w_hh.step(hidden[0], reduce_range).add_(ih)),)
+        return (ops_rnn.rnn_step(ih, hidden[0], w_hh.packed, reduce_range, nonlinearity),)
     return cell
 
 
-_CELLS = {"LSTM": _lstm_cell, "GRU": _gru_cell, "RNN_TANH": _simple_cell(torch.tanh),
-          "RNN_RELU": _simple_cell(torch.relu)}
+_CELLS = {"LSTM": _lstm_cell, "GRU": _gru_cell, "RNN_TANH": _simple_cell("tanh"),
+          "RNN_RELU": _simple_cell("relu")}
 
 
 def _run_direction(cell: Callable, ih_steps: list[Tensor], batch_sizes: Optional[list[int]],
