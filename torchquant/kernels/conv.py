@@ -288,6 +288,7 @@ def _float_conv_reference(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
 
 @register("quantized_conv", "reference")
 def _quantized_conv_reference(x, x_scale, x_zp, packed, out_scale, out_zp, post_op, other):
+    """The reference of both ``quantized_conv`` and ``quantized_conv_transpose``."""
     y = _float_conv_reference(x, x_scale, x_zp, packed)
     return quantize_post_op(y, post_op, other, out_scale, out_zp, _dt.quint8)
 
@@ -408,8 +409,4 @@ def quantized_conv_transpose(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
     return fn(x_int, x_scale, x_zp, packed, out_scale, out_zp, epilogue, other)
 
 
-@register("quantized_conv_transpose", "reference")
-def _quantized_conv_transpose_reference(x, x_scale, x_zp, packed, out_scale, out_zp, post_op,
-                                        other):
-    y = _float_conv_reference(x, x_scale, x_zp, packed)
-    return quantize_post_op(y, post_op, other, out_scale, out_zp, _dt.quint8)
+register("quantized_conv_transpose", "reference")(_quantized_conv_reference)
