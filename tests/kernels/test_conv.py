@@ -20,6 +20,7 @@ import torchquant as tq
 from torchquant import kernels
 from torchquant.kernels.conv import (PackedConvWeight, pack_conv_weight, quantized_conv,
                                      quantized_conv_transpose)
+from torchquant.kernels.linear import PostOp
 
 nnq = torch.ao.nn.quantized
 nniq = torch.ao.nn.intrinsic.quantized
@@ -59,11 +60,12 @@ def torch_conv_output(module, x_int, x_scale, x_zp, out_scale, out_zp):
     return module(torch._make_per_tensor_quantized_tensor(x_int, x_scale, x_zp)).int_repr()
 
 
-def each_kernel(op, *args):
-    """(name, output) of every available implementation of ``op``."""
+def each_kernel(op, *args, post_op="none"):
+    """(name, output) of every available implementation of ``op`` (``post_op`` without a
+    second operand)."""
     for name, kernel in kernels.implementations(op).items():
         if kernel.available() and (kernel.applies is None or kernel.applies(args[0], packed=args[3])):
-            yield name, kernel.fn(*args)
+            yield name, kernel.fn(*args, PostOp(post_op), None)
 
 
 CONV2D_CASES = [  # (in, out, kernel, stride, padding, dilation, groups, batch, size)
@@ -92,10 +94,12 @@ def test_conv2d_matches_torch(case, per_channel, x_zp, relu, with_bias, oracle_u
     expected = torch_conv_output(module, x_int, 0.03, x_zp, 0.4, 60)
 
     packed = pack_conv_weight(w_int, w_scale, w_zp, axis, bias, stride, padding, dilation, groups)
+    post_op = "relu" if relu else "none"
     got = quantized_conv(x_int, 0.03, x_zp, packed, stride, padding, dilation, groups, 0.4, 60,
-                         relu)
+                         post_op)
     assert_within_one_step(got, expected)
-    for name, out in each_kernel("quantized_conv", x_int, 0.03, x_zp, packed, 0.4, 60, relu):
+    for name, out in each_kernel("quantized_conv", x_int, 0.03, x_zp, packed, 0.4, 60,
+                                 post_op=post_op):
         assert_within_one_step(out, expected)
 
 
@@ -113,7 +117,7 @@ def test_conv1d_conv3d_match_torch(dims, per_channel, oracle_u8):
     packed = pack_conv_weight(w_int, w_scale, w_zp, axis, bias, 1, 1)
     got = quantized_conv(x_int, 0.05, 20, packed, 1, 1, 1, 1, 0.5, 100)
     assert_within_one_step(got, expected)
-    for name, out in each_kernel("quantized_conv", x_int, 0.05, 20, packed, 0.5, 100, False):
+    for name, out in each_kernel("quantized_conv", x_int, 0.05, 20, packed, 0.5, 100):
         assert_within_one_step(out, expected)
 
 
@@ -121,7 +125,7 @@ def test_fast_vs_reference_many_outputs():
     w_int, w_scale, w_zp, axis, _ = random_weight((32, 16, 3, 3), True)
     packed = pack_conv_weight(w_int, w_scale, w_zp, axis, torch.randn(32), 1, 1)
     x_int = torch.randint(0, 256, (2, 16, 14, 14), dtype=torch.uint8)
-    outputs = dict(each_kernel("quantized_conv", x_int, 0.02, 128, packed, 0.3, 110, False))
+    outputs = dict(each_kernel("quantized_conv", x_int, 0.02, 128, packed, 0.3, 110))
     for name, out in outputs.items():
         assert_within_one_step(out, outputs["reference"])
 
@@ -146,8 +150,7 @@ def test_no_int16_saturation(dims, groups):
     assert (expected - 128).abs().max() > 30  # far from 0: a saturated sum would show
     got = quantized_conv(x_int, 0.05, 3, packed, 1, 1, 1, groups, out_scale, 128)
     assert_within_one_step(got, expected, min_exact=0.9)
-    for name, out in each_kernel("quantized_conv", x_int, 0.05, 3, packed, out_scale, 128,
-                                 False):
+    for name, out in each_kernel("quantized_conv", x_int, 0.05, 3, packed, out_scale, 128):
         assert_within_one_step(out, expected, min_exact=0.9)
 
 
@@ -165,9 +168,9 @@ def test_saturation_guard(monkeypatch):
     big = small.clone()
     big[1, 2, 3, 4] = 200
     reference = kernels.implementations("quantized_conv")["reference"].fn
-    for relu in (False, True):
-        args = (0.03, 9, packed, 1, 1, 1, 1, 0.2, 70, relu)
-        ref_args = (0.03, 9, packed, 0.2, 70, relu)
+    for post_op in ("none", "relu"):
+        args = (0.03, 9, packed, 1, 1, 1, 1, 0.2, 70, post_op)
+        ref_args = (0.03, 9, packed, 0.2, 70, PostOp(post_op), None)
         for x in (small, big, small):  # the same plan serves all three calls
             got = quantized_conv(x, *args)
             assert got.is_contiguous(memory_format=torch.channels_last)
@@ -221,7 +224,8 @@ def test_conv_transpose2d_matches_torch(relu, oracle_u8):
         expected = torch.clamp(expected, min=40)
     packed = pack_conv_weight(w_int, w_scale, w_zp, axis, bias, 2, 1, 1, groups, transposed=True,
                               output_padding=1)
-    got = quantized_conv_transpose(x_int, 0.05, 12, packed, 2, 1, 1, 1, groups, 0.3, 40, relu)
+    got = quantized_conv_transpose(x_int, 0.05, 12, packed, 2, 1, 1, 1, groups, 0.3, 40,
+                                   "relu" if relu else "none")
     assert got.shape == expected.shape == (2, cout, 10, 10)
     assert_within_one_step(got, expected)
 

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 import torchquant as tq
 from torchquant import affine, kernels
-from torchquant.kernels.linear import (ONEDNN_MIN_ROWS, PackedLinearWeight, dynamic_linear,
-                                       pack_linear_weight, per_token_dynamic_linear,
-                                       quantized_linear)
+from torchquant.kernels.linear import (ONEDNN_MIN_ROWS, PackedLinearWeight, PostOp,
+                                       dynamic_linear, pack_linear_weight,
+                                       per_token_dynamic_linear, quantized_linear)
 
 nnq = torch.ao.nn.quantized
 nnqd = torch.ao.nn.quantized.dynamic
@@ -84,7 +84,7 @@ def test_static_known_values(impl):
     if kernel is None or not kernel.available():
         pytest.skip(f"{impl} unavailable")
     x_int = tq.quantize_per_tensor(X24, 0.02, 64, tq.quint8).int_repr()
-    got = kernel.fn(x_int, 0.02, 64, packed24(), 0.05, 10, tq.quint8, False)
+    got = kernel.fn(x_int, 0.02, 64, packed24(), 0.05, 10, tq.quint8, PostOp(), None)
     assert got.tolist() == [[31, 0, 9], [5, 3, 32]]
 
 
@@ -127,11 +127,13 @@ def test_static_matches_torch(per_channel, x_zp, relu, with_bias, rows, oracle_u
     expected = module(torch._make_per_tensor_quantized_tensor(x_int, x_scale, x_zp)).int_repr()
 
     packed = pack_linear_weight(w_int, w_scale, w_zp, axis, bias)
-    got = quantized_linear(x_int, x_scale, x_zp, packed, out_scale, out_zp, tq.quint8, relu)
+    post_op = "relu" if relu else "none"
+    got = quantized_linear(x_int, x_scale, x_zp, packed, out_scale, out_zp, tq.quint8, post_op)
     assert_within_one_step(got, expected)
     for name, kernel in static_impls().items():
         if kernel.available():
-            one = kernel.fn(x_int, x_scale, x_zp, packed, out_scale, out_zp, tq.quint8, relu)
+            one = kernel.fn(x_int, x_scale, x_zp, packed, out_scale, out_zp, tq.quint8,
+                            PostOp(post_op), None)
             assert_within_one_step(one, expected), name
 
 
@@ -141,7 +143,7 @@ def test_static_fast_vs_reference_large():
     w_int, w_scale, w_zp, axis, _ = random_weight(n, k, True)
     packed = pack_linear_weight(w_int, w_scale, w_zp, axis, torch.randn(n))
     x_int = torch.randint(0, 256, (64, k), dtype=torch.uint8)
-    args = (x_int, 0.02, 100, packed, 0.3, 120, tq.quint8, False)
+    args = (x_int, 0.02, 100, packed, 0.3, 120, tq.quint8, PostOp(), None)
     reference = static_impls()["reference"].fn(*args)
     for name, kernel in static_impls().items():
         if name != "reference" and kernel.available():
@@ -168,7 +170,7 @@ def test_no_int16_saturation(rows):
     expected = torch.clamp(torch.round(y / 8.0) + 128, 0, 255)
     for name, kernel in static_impls().items():
         if kernel.available():
-            got = kernel.fn(x_int, 0.05, 3, packed, 8.0, 128, tq.quint8, False)
+            got = kernel.fn(x_int, 0.05, 3, packed, 8.0, 128, tq.quint8, PostOp(), None)
             assert_within_one_step(got, expected, min_exact=0.9)
 
 
@@ -192,7 +194,7 @@ def test_saturation_guard_splits_large_inputs(monkeypatch):
     small[0, 0] = 128
     big = torch.randint(0, 256, (4, 32), dtype=torch.uint8)
     big[1, 1] = 255
-    static_args = (0.05, 7, packed, 0.5, 100, tq.quint8, False)
+    static_args = (0.05, 7, packed, 0.5, 100, tq.quint8, PostOp(), None)
     onednn_static = static_impls()["onednn"].fn
     onednn_dynamic = kernels.implementations("dynamic_linear")["onednn"].fn
     reference = static_impls()["reference"].fn

@@ -457,7 +457,7 @@ def test_bad_inputs_and_arguments_raise():
         nniq.ConvReLU2d.from_float(conv)
     add = nniq.ConvAdd2d(3, 8, 3, padding=1)
     x = tq.quantize_per_tensor(torch.randn(1, 3, 5, 5), 0.1, 0, tq.quint8)
-    with pytest.raises(ValueError, match="extra_input"):
+    with pytest.raises(ValueError, match="added tensor must have the output.s shape"):
         add(x, tq.quantize_per_tensor(torch.randn(1, 8, 4, 4), 0.1, 0, tq.quint8))
     with pytest.raises(ValueError, match="must be quantized"):
         add(x, torch.randn(1, 8, 5, 5))

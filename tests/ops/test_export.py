@@ -78,6 +78,16 @@ def mlp():
     return _converted(MLP(), [["fc1", "relu"]], lambda: torch.randn(8, 16))
 
 
+def op_argument(node, name):
+    """An argument of an op node by its schema name: export leaves trailing arguments that
+    equal their defaults (``post_op="none"``) out of ``node.args``."""
+    arguments = node.target._schema.arguments
+    index = [a.name for a in arguments].index(name)
+    if index < len(node.args):
+        return node.args[index]
+    return node.kwargs.get(name, arguments[index].default_value)
+
+
 def _torchquant_ops(graph_module):
     return {str(n.target) for n in graph_module.graph.nodes
             if n.op == "call_function" and str(n.target).startswith("torchquant.")}
@@ -107,7 +117,7 @@ def test_export_mlp_with_linear_relu(mlp, context):
     x = torch.randn(3, 16)
     ep = torch.export.export(mlp, (x,))
     assert "torchquant.linear.default" in _torchquant_ops(ep.graph_module)
-    posts = [n.args[-1] for n in ep.graph_module.graph.nodes
+    posts = [op_argument(n, "post_op") for n in ep.graph_module.graph.nodes
              if str(n.target) == "torchquant.linear.default"]
     assert posts == ["relu", "none"]
     with context():

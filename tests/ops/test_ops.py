@@ -32,7 +32,8 @@ def test_linear_op(per_channel, relu):
     args = (x, 0.05, 3, w, s, z, bias, 0.2, 100, torch.uint8, "relu" if relu else "none")
     _opcheck(torch.ops.torchquant.linear.default, args)
     packed = ops_linear.pack_linear(w, s, z, bias)
-    eager = ops_linear.linear(x, 0.05, 3, packed, 0.2, 100, torch.uint8, relu)
+    eager = ops_linear.linear(x, 0.05, 3, packed, 0.2, 100, torch.uint8,
+                              "relu" if relu else "none")
     assert torch.equal(torch.ops.torchquant.linear(*args), eager)
 
 
@@ -59,7 +60,7 @@ def test_conv_op(channels_last):
     args = (x, 0.05, 3, w, s, z, None, 0, [2, 2], [1, 1], [1, 1], 1, 0.3, 10, "relu")
     _opcheck(torch.ops.torchquant.conv.default, args)
     packed = ops_conv.pack_conv_weight(w, s, z, 0, None, 2, 1, 1, 1)
-    eager = ops_conv.conv(x, 0.05, 3, packed, 0.3, 10, relu=True)
+    eager = ops_conv.conv(x, 0.05, 3, packed, 0.3, 10, "relu")
     assert torch.equal(torch.ops.torchquant.conv(*args), eager)
 
 

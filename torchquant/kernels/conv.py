@@ -2,15 +2,17 @@
 
 * ``onednn`` -- ``torch.ops.onednn.qconv_pointwise`` on a weight blocked once by
   ``qconv_prepack``: u8 activations with their zero point, s8 symmetric weights, per-channel
-  requantization and ReLU fused.  It accepts NCHW or channels-last input and returns a tensor
-  of the logical ``[N, C, *spatial]`` shape in channels-last memory format (what torch's x86
-  quantized conv returns too): feeding it to the next conv skips a layout conversion.  Where
-  oneDNN saturates int16 pairs of products (no VNNI / AMX, see
-  ``linear.onednn_u8_exact_max``) inputs above 128 run as two exact halves (``x & 127`` and
-  ``x >> 7``) with float output and one requantization, still returned channels-last.
-* ``reference`` -- dequantize, float ``conv``, quantize (the numerics contract); contiguous
-  output.  Also the only path for transposed convolution, for asymmetric weights, and where
-  oneDNN is missing (non-x86 builds, CUDA).
+  requantization and the post-op fused where oneDNN can (ReLU; the adds of ConvAdd2d), else
+  applied to its float output (:func:`~.linear.quantize_post_op`).  It accepts NCHW or
+  channels-last input and returns a tensor of the logical ``[N, C, *spatial]`` shape in
+  channels-last memory format (what torch's x86 quantized conv returns too): feeding it to
+  the next conv skips a layout conversion.  Where oneDNN saturates int16 pairs of products (no
+  VNNI / AMX, see ``linear.onednn_u8_exact_max``) inputs above 128 run as two exact halves
+  (``x & 127`` and ``x >> 7``) with float output, the post-op and one requantization, still
+  returned channels-last.
+* ``reference`` -- dequantize, float ``conv``, post-op, quantize (the numerics contract);
+  contiguous output.  Also the only path for transposed convolution, for asymmetric weights,
+  and where oneDNN is missing (non-x86 builds, CUDA).
 
 The packed weight remembers the geometry it was blocked for; calls must use the same one.
 """
@@ -26,9 +28,9 @@ from .registry import get, register
 from .registry import mode as kernel_mode
 from .. import affine
 from .. import dtypes as _dt
-from .linear import (Scalar, activation_qdtype, check_bias, check_weight_qparams,
-                     onednn_exact_for, onednn_u8s8_exact, onednn_usable, per_channel_view,
-                     quantize_float_result, validated_qparams)
+from .linear import (DEFAULT_NEGATIVE_SLOPE, PostOp, Scalar, activation_qdtype, check_bias,
+                     check_weight_qparams, onednn_exact_for, onednn_u8s8_exact, onednn_usable,
+                     per_channel_view, post_op_of, quantize_post_op, validated_qparams)
 
 __all__ = ["PackedConvWeight", "pack_conv_weight", "quantized_conv", "quantized_conv_transpose"]
 
@@ -192,34 +194,66 @@ def _qparams(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar, out_scale: Scal
                              out_scale, out_zp, _dt.quint8)
 
 
+def _output_shape(x_int: torch.Tensor, packed: PackedConvWeight) -> tuple[int, ...]:
+    """``[N, C_out, *spatial]`` of the conv (transposed or not) of ``x_int``."""
+    kernel = packed.weight.shape[2:]
+    spatial = []
+    for i, size in enumerate(x_int.shape[2:]):
+        span = packed.dilation[i] * (kernel[i] - 1)
+        if packed.transposed:
+            spatial.append((size - 1) * packed.stride[i] - 2 * packed.padding[i] + span
+                           + packed.output_padding[i] + 1)
+        else:
+            spatial.append((size + 2 * packed.padding[i] - span - 1) // packed.stride[i] + 1)
+    return (x_int.size(0), packed.out_channels, *spatial)
+
+
+def _epilogue(x_int: torch.Tensor, packed: PackedConvWeight, post_op: str, negative_slope: float,
+              other: Optional[torch.Tensor], other_scale: Scalar, other_zero_point: Scalar,
+              op: str) -> PostOp:
+    out_shape = _output_shape(x_int, packed) if other is not None else ()
+    return post_op_of(post_op, negative_slope, other, other_scale, other_zero_point, out_shape,
+                      op)
+
+
 def quantized_conv(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedConvWeight,
                    stride: IntOrTuple, padding: IntOrTuple, dilation: IntOrTuple, groups: int,
-                   out_scale: Scalar, out_zp: Scalar, relu: bool = False) -> torch.Tensor:
-    """``quantize(conv(x_hat, w_hat, bias), out_scale, out_zp)`` on integers, quint8 output.
+                   out_scale: Scalar, out_zp: Scalar, post_op: str = "none", *,
+                   negative_slope: float = DEFAULT_NEGATIVE_SLOPE,
+                   other: Optional[torch.Tensor] = None, other_scale: Scalar = 1.0,
+                   other_zero_point: Scalar = 0) -> torch.Tensor:
+    """``quantize(post_op(conv(x_hat, w_hat, bias)), out_scale, out_zp)`` on integers, quint8
+    output.
 
     ``x_int`` holds the uint8 (quint8) values of a per-tensor quantized ``[N, C, *spatial]``
-    input (NCHW or channels-last); ``relu`` clamps at the output zero point (fused).
+    input (NCHW or channels-last).  ``post_op`` (:class:`~.linear.PostOp`) is fused before the
+    one requantization: ``relu``, ``leaky_relu`` (``negative_slope``), ``tanh``, or ``add`` /
+    ``add_relu`` of ``other`` (integers of the output's shape quantized with ``other_scale`` /
+    ``other_zero_point``: torch's ConvAdd2d / ConvAddReLU2d).
     """
     op = "quantized_conv"
     key = _plan_key(x_int, x_scale, x_zp, stride, padding, dilation, groups, out_scale, out_zp,
-                    relu)
+                    post_op, negative_slope, other_scale, other_zero_point,
+                    None if other is None else (other.dtype, other.shape))
     plan = packed.plans.get(key) if key is not None else None
     if plan is not None:  # this exact call was checked before
-        return plan(x_int)
+        return plan(x_int, other)
     if packed.transposed:
         raise ValueError(f"{op}: the weight was packed for a transposed conv; use "
                          "quantized_conv_transpose")
     _check_call(x_int, packed, op, {"stride": stride, "padding": padding, "dilation": dilation,
                                     "groups": groups})
+    epilogue = _epilogue(x_int, packed, post_op, negative_slope, other, other_scale,
+                         other_zero_point, op)
     x_scale, x_zp, out_scale, out_zp = _qparams(x_int, x_scale, x_zp, out_scale, out_zp)
     fn = get("quantized_conv", x_int, packed=packed)
     if key is not None and fn is _quantized_conv_onednn:
         if len(packed.plans) >= _PLAN_CACHE_SIZE:
             packed.plans.clear()
         plan = packed.plans[key] = _onednn_plan(x_int, x_scale, x_zp, packed, out_scale, out_zp,
-                                                relu)
-        return plan(x_int)
-    return fn(x_int, x_scale, x_zp, packed, out_scale, out_zp, relu)
+                                                epilogue, other)
+        return plan(x_int, other)
+    return fn(x_int, x_scale, x_zp, packed, out_scale, out_zp, epilogue, other)
 
 
 _PLAN_CACHE_SIZE = 16
@@ -240,22 +274,24 @@ def _plan_key(x: torch.Tensor, *call: Any) -> Optional[tuple]:
     return key
 
 
-def _requantize_float(y: torch.Tensor, out_scale: Scalar, out_zp: Scalar,
-                      relu: bool) -> torch.Tensor:
-    if relu:
-        y = torch.relu(y)
-    return quantize_float_result(y, torch.as_tensor(out_scale), torch.as_tensor(out_zp),
-                                 _dt.quint8.qmin, _dt.quint8.qmax, torch.uint8,
-                                 mode=affine.quantize_mode(_dt.quint8, per_channel=False))
+def _float_conv_reference(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
+                          packed: PackedConvWeight) -> torch.Tensor:
+    """``conv(x_hat, w_hat, bias)`` (transposed or not) in float32, contiguous."""
+    x_hat = affine.dequantize_int(x.contiguous(), torch.as_tensor(x_scale), torch.as_tensor(x_zp))
+    if packed.transposed:
+        return _FLOAT_CONV_TRANSPOSE[packed.spatial_dims](
+            x_hat, packed.dequantized_weight(), packed.bias, packed.stride, packed.padding,
+            packed.output_padding, packed.groups, packed.dilation)
+    return _FLOAT_CONV[packed.spatial_dims](x_hat, packed.dequantized_weight(), packed.bias,
+                                            packed.stride, packed.padding, packed.dilation,
+                                            packed.groups)
 
 
 @register("quantized_conv", "reference")
-def _quantized_conv_reference(x, x_scale, x_zp, packed, out_scale, out_zp, relu):
-    x_hat = affine.dequantize_int(x.contiguous(), torch.as_tensor(x_scale), torch.as_tensor(x_zp))
-    y = _FLOAT_CONV[packed.spatial_dims](x_hat, packed.dequantized_weight(), packed.bias,
-                                         packed.stride, packed.padding, packed.dilation,
-                                         packed.groups)
-    return _requantize_float(y, out_scale, out_zp, relu)
+def _quantized_conv_reference(x, x_scale, x_zp, packed, out_scale, out_zp, post_op, other):
+    """The reference of both ``quantized_conv`` and ``quantized_conv_transpose``."""
+    y = _float_conv_reference(x, x_scale, x_zp, packed)
+    return quantize_post_op(y, post_op, other, out_scale, out_zp, _dt.quint8)
 
 
 _SIZED_CACHE_SIZE = 8
@@ -276,96 +312,102 @@ def _sized_onednn_weight(packed: PackedConvWeight, x: torch.Tensor, x_scale: Sca
     return weight
 
 
-def _onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedConvWeight,
-                 out_scale: Scalar, out_zp: Scalar, relu: bool) -> Callable[[torch.Tensor],
-                                                                       torch.Tensor]:
-    """The oneDNN conv for inputs like ``x`` with these qparams, its arguments bound."""
-    # oneDNN has no ReLU post-op for 3-D convs.  quantize() is monotone with
-    # quantize(0) == zero_point, so quantize(relu(y)) == max(quantize(y), zero_point).
-    late_relu = relu and packed.spatial_dims == 3
-    zero_point = int(out_zp)
-    args = (float(x_scale), int(x_zp), _sized_onednn_weight(packed, x, x_scale, x_zp),
-            packed.channel_scale, packed.channel_zero_point, packed.bias, packed.stride,
-            packed.padding, packed.dilation, packed.groups, float(out_scale), zero_point, None,
-            "relu" if relu and not late_relu else "none", [], "")
-    conv = torch.ops.onednn.qconv_pointwise.default
-    if late_relu:
-        plan = lambda x_int: conv(x_int, *args).clamp_min_(zero_point)  # noqa: E731
-    else:
-        plan = lambda x_int: conv(x_int, *args)  # noqa: E731
-    if onednn_u8s8_exact():
-        return plan
+def _channels_last(y: torch.Tensor) -> torch.Tensor:
+    """``y`` in the layout oneDNN writes its outputs in (channels last, 1-3 d)."""
+    return y.movedim(1, -1).contiguous().movedim(-1, 1)
 
-    # This CPU's oneDNN saturates int16 pairs of u8 x s8 products above 128.  Such inputs are
-    # split, x = lo + 128 * hi (lo = x & 127, hi = x >> 7, both exact for oneDNN):
+
+_Plan = Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
+
+
+def _onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedConvWeight,
+                 out_scale: Scalar, out_zp: Scalar, post_op: PostOp,
+                 other: Optional[torch.Tensor]) -> _Plan:
+    """The oneDNN conv for inputs like ``x`` (and an added ``other`` like this one) with these
+    qparams and post-op, its arguments bound: ``plan(x_int, other)``.
+
+    oneDNN fuses ReLU (1-d, 2-d) and the adds (2-d, as its in-place ``sum`` into a copy of the
+    quint8 ``other``: what torch's ConvAdd2d / ConvAddReLU2d run).  3-d ReLU is a clamp at the
+    output zero point after it (quantize() is monotone with quantize(0) == zero_point, so
+    quantize(relu(y)) == max(quantize(y), zero_point)).  Other post-ops run on oneDNN's float
+    output, then one requantization (:func:`~.linear.quantize_post_op`)."""
+    zero_point = int(out_zp)
+    geometry = (packed.stride, packed.padding, packed.dilation, packed.groups)
+    head = (float(x_scale), int(x_zp), _sized_onednn_weight(packed, x, x_scale, x_zp),
+            packed.channel_scale, packed.channel_zero_point)
+    conv = torch.ops.onednn.qconv_pointwise.default
+    dims = packed.spatial_dims
+    fused: Optional[_Plan] = None
+    if post_op.name == "none" or (post_op.name == "relu" and dims < 3):
+        args = (*head, packed.bias, *geometry, float(out_scale), zero_point, None, post_op.name,
+                [], "")
+        fused = lambda x_int, _: conv(x_int, *args)  # noqa: E731
+    elif post_op.name == "relu":
+        args = (*head, packed.bias, *geometry, float(out_scale), zero_point, None, "none", [], "")
+        fused = lambda x_int, _: conv(x_int, *args).clamp_min_(zero_point)  # noqa: E731
+    elif post_op.adds and dims == 2 and other is not None and other.dtype == torch.uint8:
+        conv_sum = torch.ops.onednn.qconv2d_pointwise.binary
+        tail = (packed.bias, *geometry, float(out_scale), zero_point, None, post_op.other_scale,
+                post_op.other_zero_point, "sum", 1.0, "relu" if post_op.relu else "none", [], "")
+
+        def fused(x_int: torch.Tensor, other: Optional[torch.Tensor]) -> torch.Tensor:
+            accum = other.clone(memory_format=torch.channels_last)  # oneDNN sums into it
+            return conv_sum(x_int, *head, accum, *tail)
+
+    # Where this CPU's oneDNN saturates int16 pairs of u8 x s8 products above 128 such inputs
+    # are split, x = lo + 128 * hi (lo = x & 127, hi = x >> 7, both exact for oneDNN):
     # (x - zp) * w = (lo - zp) * w + 128 * hi * w, two float-output convs (zero padding stays
     # zero in both), one requantization, returned in oneDNN's channels-last layout so the
     # layout does not depend on the data.
-    geometry = (packed.stride, packed.padding, packed.dilation, packed.groups)
-    hi_weight = _sized_onednn_weight(packed, x, float(x_scale) * 128.0, 0)
+    hi_weight = (None if onednn_u8s8_exact()
+                 else _sized_onednn_weight(packed, x, float(x_scale) * 128.0, 0))
+    float_out = (1.0, 0, torch.float32, "none", [], "")
 
-    def split(x_int: torch.Tensor) -> torch.Tensor:
-        lo = torch.bitwise_and(x_int, 127)
-        hi = torch.bitwise_right_shift(x_int, 7)
-        y = conv(lo, float(x_scale), int(x_zp), args[2], packed.channel_scale,
-                 packed.channel_zero_point, packed.bias, *geometry, 1.0, 0, torch.float32,
-                 "none", [], "")
-        y = y.add_(conv(hi, float(x_scale) * 128.0, 0, hi_weight, packed.channel_scale,
-                        packed.channel_zero_point, None, *geometry, 1.0, 0, torch.float32,
-                        "none", [], ""))
-        out = _requantize_float(y, out_scale, out_zp, relu)
-        return out.movedim(1, -1).contiguous().movedim(-1, 1)
+    def unfused(x_int: torch.Tensor, other: Optional[torch.Tensor], exact: bool) -> torch.Tensor:
+        if exact:
+            y = conv(x_int, *head, packed.bias, *geometry, *float_out)
+        else:
+            y = conv(torch.bitwise_and(x_int, 127), *head, packed.bias, *geometry, *float_out)
+            y = y.add_(conv(torch.bitwise_right_shift(x_int, 7), float(x_scale) * 128.0, 0,
+                            hi_weight, packed.channel_scale, packed.channel_zero_point, None,
+                            *geometry, *float_out))
+        return _channels_last(quantize_post_op(y, post_op, other, out_scale, zero_point,
+                                               _dt.quint8))
 
-    def guarded(x_int: torch.Tensor) -> torch.Tensor:
-        return plan(x_int) if onednn_exact_for(x_int) else split(x_int)
-    return guarded
+    if fused is None:
+        return lambda x_int, other: unfused(x_int, other, onednn_exact_for(x_int))
+    if onednn_u8s8_exact():
+        return fused
+    return lambda x_int, other: (fused(x_int, other) if onednn_exact_for(x_int)  # noqa: E731
+                                 else unfused(x_int, other, False))
 
 
 @register("quantized_conv", "onednn", devices=("cpu",), available=onednn_usable,
           applies=lambda x, packed, **_: packed.onednn_weight is not None and x.dtype == torch.uint8)
-def _quantized_conv_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, relu):
-    return _onednn_plan(x, x_scale, x_zp, packed, out_scale, out_zp, relu)(x)
+def _quantized_conv_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, post_op, other):
+    return _onednn_plan(x, x_scale, x_zp, packed, out_scale, out_zp, post_op, other)(x, other)
 
 
 def quantized_conv_transpose(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
                              packed: PackedConvWeight, stride: IntOrTuple, padding: IntOrTuple,
                              output_padding: IntOrTuple, dilation: IntOrTuple, groups: int,
-                             out_scale: Scalar, out_zp: Scalar, relu: bool = False) -> torch.Tensor:
-    """Transposed conv, reference only: dequantize, ``conv_transpose``, quantize (quint8)."""
+                             out_scale: Scalar, out_zp: Scalar, post_op: str = "none", *,
+                             negative_slope: float = DEFAULT_NEGATIVE_SLOPE,
+                             other: Optional[torch.Tensor] = None, other_scale: Scalar = 1.0,
+                             other_zero_point: Scalar = 0) -> torch.Tensor:
+    """Transposed conv, reference only: dequantize, ``conv_transpose``, post-op (as
+    :func:`quantized_conv`), quantize (quint8)."""
     op = "quantized_conv_transpose"
     if not packed.transposed:
         raise ValueError(f"{op}: the weight was packed for a plain conv (transposed=False)")
     _check_call(x_int, packed, op, {"stride": stride, "padding": padding,
                                     "output_padding": output_padding, "dilation": dilation,
                                     "groups": groups})
+    epilogue = _epilogue(x_int, packed, post_op, negative_slope, other, other_scale,
+                         other_zero_point, op)
     x_scale, x_zp, out_scale, out_zp = _qparams(x_int, x_scale, x_zp, out_scale, out_zp)
     fn = get("quantized_conv_transpose", x_int, packed=packed)
-    return fn(x_int, x_scale, x_zp, packed, out_scale, out_zp, relu)
+    return fn(x_int, x_scale, x_zp, packed, out_scale, out_zp, epilogue, other)
 
 
-@register("quantized_conv_transpose", "reference")
-def _quantized_conv_transpose_reference(x, x_scale, x_zp, packed, out_scale, out_zp, relu):
-    x_hat = affine.dequantize_int(x.contiguous(), torch.as_tensor(x_scale), torch.as_tensor(x_zp))
-    y = _FLOAT_CONV_TRANSPOSE[packed.spatial_dims](
-        x_hat, packed.dequantized_weight(), packed.bias, packed.stride, packed.padding,
-        packed.output_padding, packed.groups, packed.dilation)
-    return _requantize_float(y, out_scale, out_zp, relu)
-
-
-def conv_halves_float(lo: torch.Tensor, hi: torch.Tensor, x_scale: float, x_zp: int,
-                      packed: PackedConvWeight) -> torch.Tensor:
-    """``conv(x_hat, w_hat) + bias`` in float32 for ``x = lo + 128 * hi`` (``lo`` in 0..127,
-    ``hi`` in 0..1, both uint8): the two exact oneDNN convs of the saturating-CPU split, summed,
-    before requantization.  ``torch.compile`` lowers a conv on such CPUs to this op between
-    elementwise steps it fuses with its neighbours (the split, the requantization)."""
-    if packed.onednn_weight is None or packed.transposed:
-        raise ValueError("conv_halves_float needs a oneDNN-packed (non-transposed) conv weight")
-    geometry = (packed.stride, packed.padding, packed.dilation, packed.groups)
-    conv = torch.ops.onednn.qconv_pointwise.default
-    y = conv(lo, float(x_scale), int(x_zp), _sized_onednn_weight(packed, lo, x_scale, x_zp),
-             packed.channel_scale, packed.channel_zero_point, packed.bias, *geometry, 1.0, 0,
-             torch.float32, "none", [], "")
-    hi_scale = float(x_scale) * 128.0
-    return y.add_(conv(hi, hi_scale, 0, _sized_onednn_weight(packed, hi, hi_scale, 0),
-                       packed.channel_scale, packed.channel_zero_point, None, *geometry, 1.0, 0,
-                       torch.float32, "none", [], ""))
+register("quantized_conv_transpose", "reference")(_quantized_conv_reference)

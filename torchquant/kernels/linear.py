@@ -4,7 +4,8 @@ Weights are packed once into a :class:`PackedLinearWeight`; every call then pick
 through the registry:
 
 * ``onednn`` -- ``torch.ops.onednn.qlinear_pointwise`` on a oneDNN-blocked weight: u8 x s8 with
-  the activation zero point, the requantization (or float output) and ReLU fused.  Fastest
+  the activation zero point, the requantization (or float output) and the static post-op
+  (:class:`PostOp`: relu, leaky_relu, tanh, add, add_relu) fused.  Fastest
   once there are a few rows; its fixed per-call cost loses at batch 1.  On CPUs without an
   int32-accumulating u8 x s8 instruction (AVX2 / AVX-512 without VNNI or AMX) oneDNN's
   ``vpmaddubsw`` saturates ``u8*s8 + u8*s8`` to int16 and the GEMM is wrong for activations
@@ -13,7 +14,7 @@ through the registry:
 * ``int_mm`` -- ``torch._int_mm`` (s8 x s8 -> s32) on the plain weight plus one epilogue;
   uint8 activations are shifted to int8 (``x ^ 0x80 == x - 128``) and the shift is folded into
   a per-channel correction.  Wins at one or two rows; also the CUDA path.
-* ``reference`` -- dequantize, float ``linear``, quantize (the numerics contract).
+* ``reference`` -- dequantize, float ``linear``, post-op, quantize (the numerics contract).
 
 Fast kernels need symmetric weights (all weight zero points 0), which is what every torch
 qconfig produces; asymmetric weights run on the reference.  Static results agree with the
@@ -25,7 +26,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -37,8 +38,9 @@ from .. import affine
 from .. import dtypes as _dt
 
 __all__ = ["PackedLinearWeight", "pack_linear_weight", "quantized_linear", "dynamic_linear",
-           "per_token_dynamic_linear", "quantized_linear_float_out", "onednn_available",
-           "onednn_u8_exact_max", "onednn_u8s8_exact", "onednn_exact_for", "onednn_usable"]
+           "per_token_dynamic_linear", "POST_OPS", "PostOp", "post_op_of", "quantize_post_op",
+           "onednn_available", "onednn_u8_exact_max", "onednn_u8s8_exact", "onednn_exact_for",
+           "onednn_usable"]
 
 Scalar = Union[float, int, torch.Tensor]
 
@@ -348,17 +350,121 @@ def _onednn_applies(x: torch.Tensor, packed: PackedLinearWeight, **_: Any) -> bo
 
 
 # --------------------------------------------------------------------------------------------
+# Fused epilogues of the static linear / conv kernels
+# --------------------------------------------------------------------------------------------
+
+POST_OPS = ("none", "relu", "leaky_relu", "tanh", "add", "add_relu")
+_ADDS = ("add", "add_relu")
+DEFAULT_NEGATIVE_SLOPE = 0.01  # torch.nn.LeakyReLU's
+
+
+class PostOp(NamedTuple):
+    """What a static linear / conv does to its float result ``y = op(x_hat, w_hat, bias)``
+    before its one requantization (torch's fused modules LinearReLU, LinearLeakyReLU,
+    LinearTanh, ConvReLU1d-3d, ConvAdd2d, ConvAddReLU2d):
+
+    ``none`` y, ``relu`` relu(y), ``leaky_relu`` leaky_relu(y, negative_slope), ``tanh``
+    tanh(y), ``add`` y + other_hat, ``add_relu`` relu(y + other_hat), where other_hat is the
+    dequantized second operand (``other_scale``, ``other_zero_point``), of the output's shape.
+
+    A tuple of numbers, so plan and epilogue caches can key on it; the operand itself changes
+    every call and travels beside it.
+    """
+
+    name: str = "none"
+    negative_slope: float = DEFAULT_NEGATIVE_SLOPE
+    other_scale: float = 1.0
+    other_zero_point: int = 0
+
+    @property
+    def adds(self) -> bool:
+        return self.name in _ADDS
+
+    @property
+    def relu(self) -> bool:
+        """ReLU last (``relu``, ``add_relu``): a clamp at the output zero point."""
+        return self.name == "relu" or self.name == "add_relu"
+
+
+_PLAIN_POST_OPS = {name: PostOp(name) for name in ("none", "relu", "tanh")}
+
+
+def post_op_of(name: str, negative_slope: float, other: Optional[torch.Tensor],
+               other_scale: Scalar, other_zero_point: Scalar, out_shape: tuple,
+               op: str) -> PostOp:
+    """The checked :class:`PostOp` of a call whose result has shape ``out_shape``; ``other``
+    (the integers of a per-tensor quantized tensor of that shape) only for the adds."""
+    plain = _PLAIN_POST_OPS.get(name)
+    if plain is not None and other is None:
+        return plain
+    if name not in POST_OPS:
+        raise ValueError(f"{op}: post_op must be one of {POST_OPS}, got {name!r}")
+    if name not in _ADDS:
+        if other is not None:
+            raise ValueError(f"{op}: post_op={name!r} takes no second operand (other is only "
+                             "for 'add' / 'add_relu')")
+        slope = float(negative_slope)
+        if not math.isfinite(slope):
+            raise ValueError(f"{op}: negative_slope must be finite, got {slope}")
+        return PostOp(name, slope)
+    if not isinstance(other, torch.Tensor):
+        raise TypeError(f"{op}: post_op={name!r} needs the integers of the added tensor as "
+                        f"`other`, got {type(other).__name__}")
+    other_qdtype = activation_qdtype(other, op)
+    if tuple(other.shape) != tuple(out_shape):
+        raise ValueError(f"{op}: the added tensor must have the output's shape "
+                         f"{tuple(out_shape)}, got {tuple(other.shape)}")
+    return PostOp(name, DEFAULT_NEGATIVE_SLOPE, as_float(other_scale, "other_scale"),
+                  as_zero_point(other_zero_point, other_qdtype, "other_zero_point"))
+
+
+def apply_post_op_(y: torch.Tensor, post_op: PostOp,
+                   other: Optional[torch.Tensor]) -> torch.Tensor:
+    """The epilogue on a float32 result, in place (``y`` is the kernel's own temporary)."""
+    name = post_op.name
+    if name == "none":
+        return y
+    if post_op.adds:
+        y = y.add_(affine.dequantize_per_tensor_int(other, post_op.other_scale,
+                                                    post_op.other_zero_point))
+    if post_op.relu:
+        return y.relu_()
+    if name == "leaky_relu":
+        return F.leaky_relu_(y, post_op.negative_slope)
+    if name == "tanh":
+        return y.tanh_()
+    return y
+
+
+def quantize_post_op(y: torch.Tensor, post_op: PostOp, other: Optional[torch.Tensor],
+                     out_scale: Scalar, out_zero_point: Scalar,
+                     out_qdtype: _dt.QDType) -> torch.Tensor:
+    """``quantize(post_op(y))``: the epilogue and the requantization of a float result (the
+    reference kernels, and the fast ones where they cannot fuse the post-op)."""
+    y = apply_post_op_(y, post_op, other)
+    scale, zero_point = affine.per_tensor_qparams(float(out_scale), int(out_zero_point), y.device)
+    return quantize_float_result(y, scale, zero_point, out_qdtype.qmin, out_qdtype.qmax,
+                                 out_qdtype.storage_dtype, None,
+                                 affine.quantize_mode(out_qdtype, per_channel=False))
+
+
+# --------------------------------------------------------------------------------------------
 # Static: quantized activations in, requantized activations out
 # --------------------------------------------------------------------------------------------
 
 def quantized_linear(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
                      packed: PackedLinearWeight, out_scale: Scalar, out_zero_point: Scalar,
-                     out_dtype: Any = _dt.quint8, relu: bool = False) -> torch.Tensor:
-    """``quantize(linear(x_hat, w_hat, bias), out_scale, out_zero_point)`` on integers.
+                     out_dtype: Any = _dt.quint8, post_op: str = "none", *,
+                     negative_slope: float = DEFAULT_NEGATIVE_SLOPE,
+                     other: Optional[torch.Tensor] = None, other_scale: Scalar = 1.0,
+                     other_zero_point: Scalar = 0) -> torch.Tensor:
+    """``quantize(post_op(linear(x_hat, w_hat, bias)), out_scale, out_zero_point)`` on integers.
 
     ``x_int`` holds the uint8 (quint8) or int8 (qint8) values of a per-tensor quantized input
     ``[..., in_features]``; the result holds ``out_dtype`` values ``[..., out_features]``.
-    ``relu`` clamps at the output zero point (relu before quantizing, fused).
+    ``post_op`` (:class:`PostOp`) is fused before the one requantization: ``relu``,
+    ``leaky_relu`` (``negative_slope``), ``tanh``, or ``add`` / ``add_relu`` of ``other``
+    (integers of the output's shape quantized with ``other_scale`` / ``other_zero_point``).
     """
     op = "quantized_linear"
     x_qdtype = activation_qdtype(x_int, op)
@@ -366,24 +472,27 @@ def quantized_linear(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
     if x_int.dim() == 0 or x_int.size(-1) != packed.in_features:
         raise ValueError(f"{op}: input's last dimension must be in_features="
                          f"{packed.in_features}, got shape {tuple(x_int.shape)}")
+    out_shape = (*x_int.shape[:-1], packed.out_features)
+    epilogue = post_op_of(post_op, negative_slope, other, other_scale, other_zero_point,
+                          out_shape, op)
     qparams = validated_qparams(x_scale, x_zero_point, x_qdtype, out_scale, out_zero_point,
                                 out_qdtype)
     x2d = x_int.reshape(-1, packed.in_features)
+    if other is not None:
+        other = other.reshape(-1, packed.out_features)
     fn = get("quantized_linear", x2d, packed=packed, out_qdtype=out_qdtype)
     x_scale, x_zero_point, out_scale, out_zero_point = qparams
-    y = fn(x2d, x_scale, x_zero_point, packed, out_scale, out_zero_point, out_qdtype, relu)
-    return y.reshape(*x_int.shape[:-1], packed.out_features)
+    y = fn(x2d, x_scale, x_zero_point, packed, out_scale, out_zero_point, out_qdtype, epilogue,
+           other)
+    return y.reshape(out_shape)
 
 
 @register("quantized_linear", "reference")
-def _quantized_linear_reference(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, relu):
+def _quantized_linear_reference(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, post_op,
+                                other):
     x_hat = affine.dequantize_int(x, torch.as_tensor(x_scale), torch.as_tensor(x_zp))
     y = F.linear(x_hat, packed.dequantized_weight(), packed.bias)
-    if relu:
-        y = torch.relu(y)
-    return affine.quantize_int(y, torch.as_tensor(out_scale), torch.as_tensor(out_zp),
-                               out_qdtype.qmin, out_qdtype.qmax, out_qdtype.storage_dtype,
-                               mode=affine.quantize_mode(out_qdtype, per_channel=False))
+    return quantize_post_op(y, post_op, other, out_scale, out_zp, out_qdtype)
 
 
 def _requant_epilogue(packed: PackedLinearWeight, x_scale: float, x_zp: int, shift: int,
@@ -406,13 +515,17 @@ def _requant_epilogue(packed: PackedLinearWeight, x_scale: float, x_zp: int, shi
 
 
 @register("quantized_linear", "int_mm", devices=("cpu", "cuda"), applies=_int_mm_applies)
-def _quantized_linear_int_mm(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, relu):
+def _quantized_linear_int_mm(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, post_op,
+                             other):
+    if post_op.name != "none" and post_op.name != "relu":  # epilogue on the float result
+        y = _dynamic_linear_int_mm(x, x_scale, x_zp, packed, False)
+        return quantize_post_op(y, post_op, other, out_scale, out_zp, out_qdtype)
     x_signed, shift = _as_signed(x)
     acc = torch._int_mm(x_signed, packed.weight.t())
     oz = int(out_zp)
     multiplier, offset = _requant_epilogue(packed, float(x_scale), int(x_zp), shift,
                                            float(out_scale), oz)
-    lo = max(out_qdtype.qmin, oz) if relu else out_qdtype.qmin
+    lo = max(out_qdtype.qmin, oz) if post_op.relu else out_qdtype.qmin
     return affine.requantize(acc, multiplier, offset, lo, out_qdtype.qmax,
                              out_qdtype.storage_dtype)
 
@@ -437,17 +550,28 @@ def onednn_split_linear(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
 @register("quantized_linear", "onednn", devices=("cpu",),
           applies=lambda x, packed, out_qdtype, **_: _onednn_applies(x, packed)
           and out_qdtype == _dt.quint8, available=onednn_usable)
-def _quantized_linear_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, relu):
+def _quantized_linear_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, post_op,
+                             other):
+    """oneDNN's fused post-ops: eltwise relu / leaky_relu / tanh (torch's LinearReLU,
+    LinearLeakyReLU and LinearTanh run these very kernels, so the results are torch's), and the
+    adds as its in-place ``sum`` into a copy of the added (quint8) tensor."""
     if not onednn_exact_for(x):  # would saturate on this CPU: two exact halves, float sum
         y = onednn_split_linear(x, x_scale, x_zp, packed)
-        scale, zero_point = affine.per_tensor_qparams(out_scale, out_zp, y.device)
-        return quantize_float_result(y.relu_() if relu else y, scale, zero_point,
-                                     out_qdtype.qmin, out_qdtype.qmax, out_qdtype.storage_dtype,
-                                     None, affine.quantize_mode(out_qdtype, per_channel=False))
+        return quantize_post_op(y, post_op, other, out_scale, out_zp, out_qdtype)
+    if post_op.adds:
+        if other.dtype != torch.uint8:
+            y = _dynamic_linear_onednn(x, x_scale, x_zp, packed, False)
+            return quantize_post_op(y, post_op, other, out_scale, out_zp, out_qdtype)
+        accum = other.clone(memory_format=torch.contiguous_format)  # oneDNN writes into it
+        return torch.ops.onednn.qlinear_pointwise.binary(
+            x, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
+            packed.channel_zero_point, accum, packed.bias, float(out_scale), int(out_zp), None,
+            post_op.other_scale, post_op.other_zero_point, "sum", 1.0,
+            "relu" if post_op.relu else "none", [], "")
     return torch.ops.onednn.qlinear_pointwise(
         x, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
         packed.channel_zero_point, packed.bias, float(out_scale), int(out_zp), None,
-        "relu" if relu else "none", [], "")
+        post_op.name, [post_op.negative_slope] if post_op.name == "leaky_relu" else [], "")
 
 
 # --------------------------------------------------------------------------------------------
@@ -530,23 +654,6 @@ def _dynamic_linear_onednn(x_q, x_scale, x_zp, packed, relu):
         x_q, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
         packed.channel_zero_point, packed.bias, 1.0, 0, torch.float32,
         "relu" if relu else "none", [], "")
-
-
-def quantized_linear_float_out(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
-                               packed: PackedLinearWeight) -> torch.Tensor:
-    """``linear(x_hat, w_hat, bias)`` in float32 from a per-tensor quantized input (for fused
-    activations the kernels cannot apply before requantizing, e.g. LeakyReLU, Tanh)."""
-    op = "quantized_linear_float_out"
-    x_qdtype = activation_qdtype(x_int, op)
-    if x_int.dim() == 0 or x_int.size(-1) != packed.in_features:
-        raise ValueError(f"{op}: input's last dimension must be in_features="
-                         f"{packed.in_features}, got shape {tuple(x_int.shape)}")
-    x_scale, x_zero_point, _, _ = validated_qparams(x_scale, x_zero_point, x_qdtype, 1.0, 0,
-                                                    _dt.quint8)
-    x2d = x_int.reshape(-1, packed.in_features)
-    fn = get("dynamic_linear", x2d, packed=packed)
-    y = fn(x2d, torch.as_tensor(x_scale), torch.as_tensor(x_zero_point), packed, False)
-    return y.reshape(*x_int.shape[:-1], packed.out_features)
 
 
 # --------------------------------------------------------------------------------------------

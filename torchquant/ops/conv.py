@@ -1,4 +1,5 @@
-"""Quantized convolution ops (1-3 d, transposed), fused ReLU; quint8 activations.
+"""Quantized convolution ops (1-3 d, transposed) with a fused post-op (relu, leaky_relu, tanh,
+add, add_relu); quint8 activations.
 
 The weight enters as a plain int8 tensor with its qparams (0-d per tensor, 1-d per channel
 along ``weight_axis``), an optional float bias and the geometry; the packed (oneDNN-blocked)
@@ -15,10 +16,11 @@ import torch.nn.functional as F
 
 from ..kernels import conv as _k
 from ..kernels.conv import PackedConvWeight, pack_conv_weight
+from ..kernels.linear import DEFAULT_NEGATIVE_SLOPE, POST_OPS
 from . import compile_lowering
 from ._library import PackCache, traced, weight_qparams
 
-__all__ = ["conv", "conv_transpose", "PackedConvWeight", "pack_conv_weight"]
+__all__ = ["conv", "conv_transpose", "PackedConvWeight", "pack_conv_weight", "POST_OPS"]
 
 _FLOAT_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _FLOAT_CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -41,29 +43,34 @@ def _graph_weight(p: PackedConvWeight) -> tuple:
             0 if p.axis is None else p.axis)
 
 
-@torch.library.custom_op("torchquant::conv", mutates_args=())
-def _conv_op(x: torch.Tensor, x_scale: float, x_zero_point: int, weight: torch.Tensor,
-             weight_scale: torch.Tensor, weight_zero_point: torch.Tensor,
-             bias: Optional[torch.Tensor], weight_axis: int, stride: list[int],
-             padding: list[int], dilation: list[int], groups: int, out_scale: float,
-             out_zero_point: int, post_op: str) -> torch.Tensor:
-    geometry = (tuple(stride), tuple(padding), tuple(dilation), groups)
-    packed = _PACKS.get(weight, weight_scale, weight_zero_point, bias, weight_axis, *geometry,
-                        False, (0,) * len(stride))
-    y = _k.quantized_conv(x, x_scale, x_zero_point, packed, *geometry, out_scale,
-                          out_zero_point, relu=post_op == "relu")
-    return y.contiguous(memory_format=_graph_format(y.dim()))
-
-
 def _graph_format(ndim: int) -> torch.memory_format:
     """The layout of the op's output in a graph: channels-last for 2-d / 3-d convs, as oneDNN
     writes them (the reference path is converted), so the fake kernel can promise it."""
     return {4: torch.channels_last, 5: torch.channels_last_3d}.get(ndim, torch.contiguous_format)
 
 
+@torch.library.custom_op("torchquant::conv", mutates_args=())
+def _conv_op(x: torch.Tensor, x_scale: float, x_zero_point: int, weight: torch.Tensor,
+             weight_scale: torch.Tensor, weight_zero_point: torch.Tensor,
+             bias: Optional[torch.Tensor], weight_axis: int, stride: list[int],
+             padding: list[int], dilation: list[int], groups: int, out_scale: float,
+             out_zero_point: int, post_op: str = "none",
+             negative_slope: float = DEFAULT_NEGATIVE_SLOPE,
+             other: Optional[torch.Tensor] = None, other_scale: float = 1.0,
+             other_zero_point: int = 0) -> torch.Tensor:
+    geometry = (tuple(stride), tuple(padding), tuple(dilation), groups)
+    packed = _PACKS.get(weight, weight_scale, weight_zero_point, bias, weight_axis, *geometry,
+                        False, (0,) * len(stride))
+    y = _k.quantized_conv(x, x_scale, x_zero_point, packed, *geometry, out_scale,
+                          out_zero_point, post_op, negative_slope=negative_slope, other=other,
+                          other_scale=other_scale, other_zero_point=other_zero_point)
+    return y.contiguous(memory_format=_graph_format(y.dim()))
+
+
 @_conv_op.register_fake
 def _(x, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, bias, weight_axis,
-      stride, padding, dilation, groups, out_scale, out_zero_point, post_op):
+      stride, padding, dilation, groups, out_scale, out_zero_point, post_op="none",
+      negative_slope=DEFAULT_NEGATIVE_SLOPE, other=None, other_scale=1.0, other_zero_point=0):
     y = _FLOAT_CONV[weight.dim() - 2](torch.empty_like(x, dtype=torch.float32),
                                       torch.empty_like(weight, dtype=torch.float32), None,
                                       stride, padding, dilation, groups)
@@ -72,21 +79,31 @@ def _(x, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, bias, w
 
 
 def conv(x: torch.Tensor, x_scale: float, x_zero_point: int, packed: PackedConvWeight,
-         out_scale: float, out_zero_point: int, relu: bool = False) -> torch.Tensor:
-    """``quantize(relu?(conv(x_hat, w_hat, bias)))`` with the geometry the weight was packed
-    for; ``x`` holds quint8 values ``[N, C, *spatial]``."""
-    if traced(x):
-        if compile_lowering.active():
+         out_scale: float, out_zero_point: int, post_op: str = "none",
+         negative_slope: float = DEFAULT_NEGATIVE_SLOPE, other: Optional[torch.Tensor] = None,
+         other_scale: float = 1.0, other_zero_point: int = 0) -> torch.Tensor:
+    """``quantize(post_op(conv(x_hat, w_hat, bias)))`` with the geometry the weight was packed
+    for; ``x`` holds quint8 values ``[N, C, *spatial]``.
+
+    ``post_op`` (one of :data:`POST_OPS`) is fused before the one requantization: ``relu``,
+    ``leaky_relu`` (with ``negative_slope``), ``tanh``, or ``add`` / ``add_relu`` of ``other``,
+    the integers of a per-tensor quantized tensor of the output's shape with ``other_scale`` /
+    ``other_zero_point`` (torch's ConvAdd2d / ConvAddReLU2d).
+    """
+    if traced(x, other):
+        if compile_lowering.active() and post_op in ("none", "relu"):
             lowered = compile_lowering.conv(x, x_scale, x_zero_point, packed, out_scale,
-                                            out_zero_point, relu)
+                                            out_zero_point, post_op == "relu")
             if lowered is not None:
                 return lowered
         return torch.ops.torchquant.conv(
             x, x_scale, x_zero_point, *_graph_weight(packed), list(packed.stride),
             list(packed.padding), list(packed.dilation), packed.groups, out_scale,
-            out_zero_point, "relu" if relu else "none")
+            out_zero_point, post_op, negative_slope, other, other_scale, other_zero_point)
     return _k.quantized_conv(x, x_scale, x_zero_point, packed, packed.stride, packed.padding,
-                             packed.dilation, packed.groups, out_scale, out_zero_point, relu=relu)
+                             packed.dilation, packed.groups, out_scale, out_zero_point, post_op,
+                             negative_slope=negative_slope, other=other,
+                             other_scale=other_scale, other_zero_point=other_zero_point)
 
 
 @torch.library.custom_op("torchquant::conv_transpose", mutates_args=())
@@ -95,19 +112,25 @@ def _conv_transpose_op(x: torch.Tensor, x_scale: float, x_zero_point: int, weigh
                        bias: Optional[torch.Tensor], weight_axis: int, stride: list[int],
                        padding: list[int], output_padding: list[int], dilation: list[int],
                        groups: int, out_scale: float, out_zero_point: int,
-                       post_op: str) -> torch.Tensor:
+                       post_op: str = "none", negative_slope: float = DEFAULT_NEGATIVE_SLOPE,
+                       other: Optional[torch.Tensor] = None, other_scale: float = 1.0,
+                       other_zero_point: int = 0) -> torch.Tensor:
     packed = _PACKS.get(weight, weight_scale, weight_zero_point, bias, weight_axis,
                         tuple(stride), tuple(padding), tuple(dilation), groups, True,
                         tuple(output_padding))
     return _k.quantized_conv_transpose(x, x_scale, x_zero_point, packed, packed.stride,
                                        packed.padding, packed.output_padding, packed.dilation,
-                                       packed.groups, out_scale, out_zero_point,
-                                       relu=post_op == "relu")
+                                       packed.groups, out_scale, out_zero_point, post_op,
+                                       negative_slope=negative_slope, other=other,
+                                       other_scale=other_scale,
+                                       other_zero_point=other_zero_point)
 
 
 @_conv_transpose_op.register_fake
 def _(x, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, bias, weight_axis,
-      stride, padding, output_padding, dilation, groups, out_scale, out_zero_point, post_op):
+      stride, padding, output_padding, dilation, groups, out_scale, out_zero_point,
+      post_op="none", negative_slope=DEFAULT_NEGATIVE_SLOPE, other=None, other_scale=1.0,
+      other_zero_point=0):
     y = _FLOAT_CONV_TRANSPOSE[weight.dim() - 2](
         torch.empty_like(x, dtype=torch.float32), torch.empty_like(weight, dtype=torch.float32),
         None, stride, padding, output_padding, groups, dilation)
@@ -115,13 +138,21 @@ def _(x, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, bias, w
 
 
 def conv_transpose(x: torch.Tensor, x_scale: float, x_zero_point: int, packed: PackedConvWeight,
-                   out_scale: float, out_zero_point: int, relu: bool = False) -> torch.Tensor:
-    """Transposed conv with the geometry the weight was packed for."""
-    if traced(x):
+                   out_scale: float, out_zero_point: int, post_op: str = "none",
+                   negative_slope: float = DEFAULT_NEGATIVE_SLOPE,
+                   other: Optional[torch.Tensor] = None, other_scale: float = 1.0,
+                   other_zero_point: int = 0) -> torch.Tensor:
+    """Transposed conv with the geometry the weight was packed for; ``post_op`` as in
+    :func:`conv`."""
+    if traced(x, other):
         return torch.ops.torchquant.conv_transpose(
             x, x_scale, x_zero_point, *_graph_weight(packed), list(packed.stride),
             list(packed.padding), list(packed.output_padding), list(packed.dilation),
-            packed.groups, out_scale, out_zero_point, "relu" if relu else "none")
+            packed.groups, out_scale, out_zero_point, post_op, negative_slope, other,
+            other_scale, other_zero_point)
     return _k.quantized_conv_transpose(x, x_scale, x_zero_point, packed, packed.stride,
                                        packed.padding, packed.output_padding, packed.dilation,
-                                       packed.groups, out_scale, out_zero_point, relu=relu)
+                                       packed.groups, out_scale, out_zero_point, post_op,
+                                       negative_slope=negative_slope, other=other,
+                                       other_scale=other_scale,
+                                       other_zero_point=other_zero_point)

@@ -1,5 +1,6 @@
-"""Quantized Linear ops: static (quantized in and out, fused ReLU), dynamic (float in and out,
-the activation quantized per tensor or per token on each call).
+"""Quantized Linear ops: static (quantized in and out, with a fused post-op: relu, leaky_relu,
+tanh, add, add_relu), dynamic (float in and out, the activation quantized per tensor or per
+token on each call).
 
 Weights enter as plain int8 tensors with their qparams (0-d per tensor, 1-d per output
 channel) and an optional float bias; the packed form the kernels need is built once per weight
@@ -15,13 +16,12 @@ import torch
 
 from .. import dtypes as _dt
 from ..kernels import linear as _k
-from ..kernels.linear import PackedLinearWeight, pack_linear_weight
+from ..kernels.linear import (DEFAULT_NEGATIVE_SLOPE, POST_OPS, PackedLinearWeight,
+                              pack_linear_weight)
 from ._library import PackCache, traced, weight_qparams
 
-__all__ = ["linear", "linear_float_out", "linear_dynamic", "linear_per_token_dynamic",
-           "pack_linear", "pack_linear_weight", "PackedLinearWeight"]
-
-_POST_OPS = ("none", "relu")
+__all__ = ["linear", "linear_dynamic", "linear_per_token_dynamic", "pack_linear",
+           "pack_linear_weight", "PackedLinearWeight", "POST_OPS"]
 
 
 def pack_linear(weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -47,54 +47,46 @@ def _graph_args(packed: PackedLinearWeight) -> tuple:
 def _linear_op(x: torch.Tensor, x_scale: float, x_zero_point: int, weight: torch.Tensor,
                weight_scale: torch.Tensor, weight_zero_point: torch.Tensor,
                bias: Optional[torch.Tensor], out_scale: float, out_zero_point: int,
-               out_dtype: torch.dtype, post_op: str) -> torch.Tensor:
+               out_dtype: torch.dtype, post_op: str = "none",
+               negative_slope: float = DEFAULT_NEGATIVE_SLOPE,
+               other: Optional[torch.Tensor] = None, other_scale: float = 1.0,
+               other_zero_point: int = 0) -> torch.Tensor:
     packed = _PACKS.get(weight, weight_scale, weight_zero_point, bias)
     return _k.quantized_linear(x, x_scale, x_zero_point, packed, out_scale, out_zero_point,
-                               _dt.to_qdtype(out_dtype), post_op == "relu")
+                               _dt.to_qdtype(out_dtype), post_op, negative_slope=negative_slope,
+                               other=other, other_scale=other_scale,
+                               other_zero_point=other_zero_point)
 
 
 @_linear_op.register_fake
 def _(x, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, bias, out_scale,
-      out_zero_point, out_dtype, post_op):
+      out_zero_point, out_dtype, post_op="none", negative_slope=DEFAULT_NEGATIVE_SLOPE,
+      other=None, other_scale=1.0, other_zero_point=0):
     return x.new_empty(*x.shape[:-1], weight.size(0), dtype=out_dtype)
 
 
 def linear(x: torch.Tensor, x_scale: float, x_zero_point: int, packed: PackedLinearWeight,
            out_scale: float, out_zero_point: int, out_dtype: torch.dtype = torch.uint8,
-           relu: bool = False) -> torch.Tensor:
-    """``quantize(relu?(linear(x_hat, w_hat, bias)))`` on the integers of a per-tensor
+           post_op: str = "none", negative_slope: float = DEFAULT_NEGATIVE_SLOPE,
+           other: Optional[torch.Tensor] = None, other_scale: float = 1.0,
+           other_zero_point: int = 0) -> torch.Tensor:
+    """``quantize(post_op(linear(x_hat, w_hat, bias)))`` on the integers of a per-tensor
     quantized input ``[..., in]``; ``out_dtype`` is the storage dtype of the result (uint8 for
-    quint8, int8 for qint8)."""
-    post_op = "relu" if relu else "none"
-    if traced(x):
+    quint8, int8 for qint8).
+
+    ``post_op`` (one of :data:`POST_OPS`) is fused before the one requantization: ``relu``,
+    ``leaky_relu`` (with ``negative_slope``), ``tanh``, or ``add`` / ``add_relu`` of ``other``,
+    the integers of a per-tensor quantized tensor of the output's shape with ``other_scale`` /
+    ``other_zero_point``.
+    """
+    if traced(x, other):
         return torch.ops.torchquant.linear(x, x_scale, x_zero_point, *_graph_args(packed),
-                                           out_scale, out_zero_point, out_dtype, post_op)
+                                           out_scale, out_zero_point, out_dtype, post_op,
+                                           negative_slope, other, other_scale, other_zero_point)
     return _k.quantized_linear(x, x_scale, x_zero_point, packed, out_scale, out_zero_point,
-                               _dt.to_qdtype(out_dtype), relu)
-
-
-@torch.library.custom_op("torchquant::linear_float_out", mutates_args=())
-def _linear_float_out_op(x: torch.Tensor, x_scale: float, x_zero_point: int,
-                         weight: torch.Tensor, weight_scale: torch.Tensor,
-                         weight_zero_point: torch.Tensor,
-                         bias: Optional[torch.Tensor]) -> torch.Tensor:
-    packed = _PACKS.get(weight, weight_scale, weight_zero_point, bias)
-    return _k.quantized_linear_float_out(x, x_scale, x_zero_point, packed)
-
-
-@_linear_float_out_op.register_fake
-def _(x, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, bias):
-    return x.new_empty(*x.shape[:-1], weight.size(0), dtype=torch.float32)
-
-
-def linear_float_out(x: torch.Tensor, x_scale: float, x_zero_point: int,
-                     packed: PackedLinearWeight) -> torch.Tensor:
-    """``linear(x_hat, w_hat, bias)`` in float32 (for fused activations applied before the
-    output is requantized: LeakyReLU, Tanh)."""
-    if traced(x):
-        return torch.ops.torchquant.linear_float_out(x, x_scale, x_zero_point,
-                                                     *_graph_args(packed))
-    return _k.quantized_linear_float_out(x, x_scale, x_zero_point, packed)
+                               _dt.to_qdtype(out_dtype), post_op, negative_slope=negative_slope,
+                               other=other, other_scale=other_scale,
+                               other_zero_point=other_zero_point)
 
 
 # ---- dynamic ---------------------------------------------------------------------------------

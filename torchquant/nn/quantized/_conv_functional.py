@@ -1,15 +1,12 @@
 """``torchquant.nn.quantized.functional.conv1d / conv2d / conv3d``: one-off quantized convs
 (the weight is packed on every call, as torch's functional form does -- use the modules to
-pack once), plus the float-accumulator conv the fused conv + add modules requantize."""
+pack once)."""
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Union
 
 import torch
-import torch.nn.functional as F
 
-from ... import affine
-from ...ops import quantize as ops_quantize
 from ... import dtypes as _dt
 from ...ops import conv as ops_conv
 from ...qtensor import QTensor
@@ -18,7 +15,6 @@ from ..._validation import require_quantized
 __all__ = ["conv1d", "conv2d", "conv3d"]
 
 IntOrTuple = Union[int, Sequence[int]]
-_FLOAT_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _INPUT_LAYOUT = {1: "(N, C, L)", 2: "(N, C, H, W)", 3: "(N, C, D, H, W)"}
 
 
@@ -77,13 +73,3 @@ def conv3d(input: QTensor, weight: QTensor, bias: Optional[torch.Tensor], stride
     return _conv(3, input, weight, bias, stride, padding, dilation, groups, padding_mode, scale,
                  zero_point, dtype)
 
-
-def _conv_float_out(x_int: torch.Tensor, x_scale: Any, x_zero_point: Any,
-                    packed: ops_conv.PackedConvWeight) -> torch.Tensor:
-    """The float result ``conv(x_hat, w_hat, bias)`` before requantization (what a fused
-    post-op such as an add works on)."""
-    x_hat = ops_quantize.dequantize_int(x_int.contiguous(), torch.as_tensor(x_scale),
-                                        torch.as_tensor(x_zero_point))
-    return _FLOAT_CONV[packed.spatial_dims](x_hat, packed.dequantized_weight(), packed.bias,
-                                            packed.stride, packed.padding, packed.dilation,
-                                            packed.groups)

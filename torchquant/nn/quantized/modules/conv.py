@@ -99,13 +99,14 @@ def _reference_quantized_weight(ref: nn.Module) -> QTensor:
 
 class _ConvNd(OutputQParams, nn.Module):
     """Shared body.  Subclasses set ``_SPATIAL`` (1, 2, 3), ``_TRANSPOSED``, ``_NAME`` and
-    ``_FLOAT_MODULE`` (the float type ``from_float`` accepts); fused ones ``_FUSED_RELU``."""
+    ``_FLOAT_MODULE`` (the float type ``from_float`` accepts); fused ones ``_POST_OP`` (one
+    of ``ops.conv.POST_OPS``)."""
 
     _SPATIAL: ClassVar[int]
     _TRANSPOSED: ClassVar[bool] = False
     _NAME: ClassVar[str]
     _FLOAT_MODULE: ClassVar[Any]
-    _FUSED_RELU: ClassVar[bool] = False
+    _POST_OP: ClassVar[str] = "none"
     _OUTPUT_QDTYPES = (_dt.quint8,)
 
     scale: float
@@ -231,18 +232,24 @@ class _ConvNd(OutputQParams, nn.Module):
             return q.int_data
         return F.pad(q.int_data, _reflect_pad_amounts(self.padding), mode=self.padding_mode)
 
-    def _conv_int(self, x_int: torch.Tensor, q: QTensor, relu: bool, scale: float,
-                  zero_point: int) -> torch.Tensor:
-        p = self._packed_params
+    def _conv(self, q: QTensor, other: Optional[QTensor] = None) -> QTensor:
+        """The one conv op call: ``quantize(post_op(conv(q)))`` to the module's qparams, the
+        post-op adding ``other`` for ConvAdd2d / ConvAddReLU2d."""
+        scale, zero_point = self._output_qparams()
         x_scale, x_zp = q._scale_zp()
         run = ops_conv.conv_transpose if self.transposed else ops_conv.conv
-        return run(x_int, x_scale, x_zp, p, scale, zero_point, relu=relu)
+        if other is None:
+            out = run(self._input_int(q), x_scale, x_zp, self._packed_params, scale, zero_point,
+                      self._POST_OP)
+        else:
+            other_scale, other_zp = other._scale_zp()
+            out = run(self._input_int(q), x_scale, x_zp, self._packed_params, scale, zero_point,
+                      self._POST_OP, other=other.int_data, other_scale=other_scale,
+                      other_zero_point=other_zp)
+        return QTensor.from_int_per_tensor(out, scale, zero_point, _dt.quint8)
 
     def forward(self, input: QTensor) -> QTensor:
-        q = self._quantized_input(input)
-        scale, zero_point = self._output_qparams()
-        out = self._conv_int(self._input_int(q), q, self._FUSED_RELU, scale, zero_point)
-        return QTensor.from_int_per_tensor(out, scale, zero_point, _dt.quint8)
+        return self._conv(self._quantized_input(input))
 
     # ---- serialization ----------------------------------------------------------------------
     def _save_to_state_dict(self, destination, prefix, keep_vars):

@@ -120,7 +120,7 @@ class Linear(OutputQParams, torch.nn.Module):
 
     _version = 3
     _FLOAT_MODULE: Any = (torch.nn.Linear, torch.nn.modules.linear.NonDynamicallyQuantizableLinear)
-    _FUSED_RELU = False
+    _POST_OP = "none"  # the fused post-op of the subclasses (ops.linear.POST_OPS)
     _OUTPUT_QDTYPES = (_dt.quint8, _dt.qint8)
 
     scale: float
@@ -148,19 +148,17 @@ class Linear(OutputQParams, torch.nn.Module):
     def __repr__(self) -> str:  # the packed params child is an implementation detail
         return f"{self._get_name()}({self.extra_repr()})"
 
-    def _apply_epilogue(self) -> dict:
-        """Keyword arguments of the fused kernel epilogue (subclasses fuse ReLU)."""
-        return {"relu": self._FUSED_RELU}
-
-    def _linear_int(self, q: QTensor, scale: float, zero_point: int) -> torch.Tensor:
-        x_scale, x_zp = q._scale_zp()
-        return ops_linear.linear(q.int_data, x_scale, x_zp, self._packed_params.packed, scale,
-                                 zero_point, q.qdtype.storage_dtype, **self._apply_epilogue())
+    def _post_op_args(self) -> tuple:
+        """``post_op`` and ``negative_slope`` of :func:`ops.linear.linear` (LinearLeakyReLU
+        has a slope)."""
+        return (self._POST_OP,)
 
     def forward(self, x: QTensor) -> QTensor:
         q = require_quantized(x, "linear")
         scale, zero_point = self._output_qparams()
-        out = self._linear_int(q, scale, zero_point)
+        x_scale, x_zp = q._scale_zp()
+        out = ops_linear.linear(q.int_data, x_scale, x_zp, self._packed_params.packed, scale,
+                                zero_point, q.qdtype.storage_dtype, *self._post_op_args())
         return QTensor.from_int_per_tensor(out, scale, zero_point, q.qdtype)
 
     # ---- weights ----------------------------------------------------------------------------

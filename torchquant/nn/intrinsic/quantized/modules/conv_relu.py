@@ -1,5 +1,5 @@
-"""Quantized conv fused with ReLU: the ReLU is the int8 kernel's epilogue (a clamp at the
-output zero point), so there is one requantization, as in torch."""
+"""Quantized conv fused with ReLU: the ReLU is the conv op's post-op (a clamp at the output
+zero point), so there is one requantization, as in torch."""
 from __future__ import annotations
 
 from typing import Any, ClassVar
@@ -15,7 +15,7 @@ _CONV_BN_RELU = (nni.ConvBnReLU1d, nni.ConvBnReLU2d, nni.ConvBnReLU3d)
 
 
 class _ConvReLUMixin:
-    _FUSED_RELU: ClassVar[bool] = True
+    _POST_OP: ClassVar[str] = "relu"
 
     @classmethod
     def from_reference(cls, ref_qconv: torch.nn.Module, output_scale: float,

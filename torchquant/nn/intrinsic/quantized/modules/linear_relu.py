@@ -1,51 +1,21 @@
-"""Quantized Linear fused with an activation: ReLU (in the kernel's epilogue), LeakyReLU and
-Tanh (applied to the float accumulator before the one requantization, as torch's oneDNN
+"""Quantized Linear fused with an activation: ReLU, LeakyReLU or Tanh, each the static linear
+op's post-op (applied to the float result before the one requantization, as torch's oneDNN
 kernels do)."""
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..... import dtypes as _dt
 from ...modules import fused as nni
 from ....quantized.modules.linear import Linear
-from .....ops import linear as ops_linear
-from .....ops import quantize as ops_quantize
-from .....qtensor import QTensor
 
 __all__ = ["LinearReLU", "LinearLeakyReLU", "LinearTanh"]
 
 
-class LinearReLU(Linear):
-    """``quantize(relu(linear(x)))`` with the ReLU fused into the int8 kernel."""
-
-    _FLOAT_MODULE: Any = nni.LinearReLU
-    _FUSED_RELU = True
-
-    def _get_name(self) -> str:
-        return "QuantizedLinearReLU"
-
-    @classmethod
-    def from_float(cls, mod: torch.nn.Module, use_precomputed_fake_quant: bool = False):
-        return super().from_float(mod, use_precomputed_fake_quant)
-
-    @classmethod
-    def from_reference(cls, ref_linear_relu: torch.nn.Module, output_scale: float,
-                       output_zero_point: int) -> "LinearReLU":
-        return super().from_reference(ref_linear_relu[0], output_scale, output_zero_point)
-
-
-class _LinearFloatActivation(Linear):
-    """Linear whose activation runs on the float result before requantizing."""
-
-    def _activation(self, y: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    def _linear_int(self, q: QTensor, scale: float, zero_point: int) -> torch.Tensor:
-        y = ops_linear.linear_float_out(q.int_data, *q._scale_zp(), self._packed_params.packed)
-        return ops_quantize.quantize_per_tensor(self._activation(y), scale, zero_point, q.qdtype)
+class _FusedLinear(Linear):
+    """A fused (Linear, activation) container converts from its first child."""
 
     @classmethod
     def from_reference(cls, ref_mod: torch.nn.Module, output_scale: float,
@@ -53,18 +23,29 @@ class _LinearFloatActivation(Linear):
         return super().from_reference(ref_mod[0], output_scale, output_zero_point)
 
 
-class LinearLeakyReLU(_LinearFloatActivation):
+class LinearReLU(_FusedLinear):
+    """``quantize(relu(linear(x)))``."""
+
+    _FLOAT_MODULE: Any = nni.LinearReLU
+    _POST_OP = "relu"
+
+    def _get_name(self) -> str:
+        return "QuantizedLinearReLU"
+
+
+class LinearLeakyReLU(_FusedLinear):
     """``quantize(leaky_relu(linear(x), negative_slope))``."""
 
     _FLOAT_MODULE: Any = nni.LinearLeakyReLU
+    _POST_OP = "leaky_relu"
 
     def __init__(self, in_features: int, out_features: int, negative_slope: float,
                  bias: bool = True, dtype: Any = _dt.qint8) -> None:
         super().__init__(in_features, out_features, bias, dtype)
         self.negative_slope = negative_slope
 
-    def _activation(self, y: torch.Tensor) -> torch.Tensor:
-        return F.leaky_relu(y, self.negative_slope)
+    def _post_op_args(self) -> tuple:
+        return (self._POST_OP, float(self.negative_slope))
 
     def _get_name(self) -> str:
         return "QuantizedLinearLeakyReLU"
@@ -82,13 +63,11 @@ class LinearLeakyReLU(_LinearFloatActivation):
         return q
 
 
-class LinearTanh(_LinearFloatActivation):
+class LinearTanh(_FusedLinear):
     """``quantize(tanh(linear(x)))``."""
 
     _FLOAT_MODULE: Any = nni.LinearTanh
-
-    def _activation(self, y: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(y)
+    _POST_OP = "tanh"
 
     def _get_name(self) -> str:
         return "QuantizedLinearTanh"
