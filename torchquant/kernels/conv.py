@@ -411,3 +411,22 @@ def quantized_conv_transpose(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
 
 
 register("quantized_conv_transpose", "reference")(_quantized_conv_reference)
+
+
+def conv_halves_float(lo: torch.Tensor, hi: torch.Tensor, x_scale: float, x_zp: int,
+                      packed: PackedConvWeight) -> torch.Tensor:
+    """``conv(x_hat, w_hat) + bias`` in float32 for ``x = lo + 128 * hi`` (``lo`` in 0..127,
+    ``hi`` in 0..1, both uint8): the two exact oneDNN convs of the saturating-CPU split, summed,
+    before requantization.  ``torch.compile`` lowers a conv on such CPUs to this op between
+    elementwise steps it fuses with its neighbours (the split, the requantization)."""
+    if packed.onednn_weight is None or packed.transposed:
+        raise ValueError("conv_halves_float needs a oneDNN-packed (non-transposed) conv weight")
+    geometry = (packed.stride, packed.padding, packed.dilation, packed.groups)
+    float_out = (1.0, 0, torch.float32, "none", [], "")
+    conv = torch.ops.onednn.qconv_pointwise.default
+    y = conv(lo, float(x_scale), int(x_zp), _sized_onednn_weight(packed, lo, x_scale, x_zp),
+             packed.channel_scale, packed.channel_zero_point, packed.bias, *geometry, *float_out)
+    hi_scale = float(x_scale) * 128.0
+    return y.add_(conv(hi, hi_scale, 0, _sized_onednn_weight(packed, hi, hi_scale, 0),
+                       packed.channel_scale, packed.channel_zero_point, None, *geometry,
+                       *float_out))
