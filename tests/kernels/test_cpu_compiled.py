@@ -100,3 +100,21 @@ def test_kernel_built_under_freezing_matches_the_eager_formula(fresh_kernels):
     assert not cpu_compiled._broken
     assert torch.equal(out, dequantize_formula(*args))
     assert torch.equal(out, (ints.float() - 3) * torch.tensor(0.05, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("numel, offset", [(8192, 0), (8196, 4), (8194, 0), (8200, 1)])
+def test_add_on_words_equals_the_reference(fresh_kernels, numel, offset, relu):
+    """quint8 operands read four to an int32 word (lengths and offsets that allow it) give the
+    reference formula's integers; the others take the byte kernel."""
+    from torchquant.kernels.reference import add_formula
+    torch.manual_seed(numel + offset)
+    base_x = torch.randint(0, 256, (numel + offset,), dtype=torch.uint8)
+    base_y = torch.randint(0, 256, (numel + offset,), dtype=torch.uint8)
+    x, y = base_x[offset:], base_y[offset:]
+    operands = tuple(torch.tensor(v) for v in (0.031, -0.093, 0.047, -6.11, 1 / 0.06, 77.0))
+    args = (x, y, *operands, 0, 255, torch.uint8, relu)
+    kernel = cpu_compiled.add_kernel(args)
+    assert torch.equal(kernel([x, y, *operands]), add_formula(*args))
+    words = numel % 4 == 0 and offset % 4 == 0
+    assert any(key[0] == ("add_words" if words else "add") for key in cpu_compiled._kernels)

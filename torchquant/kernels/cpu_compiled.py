@@ -57,6 +57,47 @@ def _add(x, y, x_scale, x_premul, y_scale, y_premul, inv_out, zp_out, qmin, qmax
                        storage_dtype, relu, fma=_inductor_fma)
 
 
+def _add_bytes_in_words(x_words, y_words, x_scale, x_premul, y_scale, y_premul, inv_out,
+                        zp_out, qmin, qmax, relu):
+    """:func:`_add` of quint8 operands read four to an int32 word, the four results packed the
+    same way.  Inductor's vector loop over uint8 loads and stores 8 (AVX2) or 16 bytes at a
+    time; on CPUs without masked byte loads (AVX2) those partial vectors go through a stack
+    copy and the loop runs several times slower than over full int32 vectors."""
+    words = None
+    for shift in (0, 8, 16, 24):
+        q = _add((x_words >> shift) & 255, (y_words >> shift) & 255, x_scale, x_premul, y_scale,
+                 y_premul, inv_out, zp_out, qmin, qmax, torch.int32, relu) << shift
+        words = q if words is None else words | q
+    return words
+
+
+def _as_words(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """``t`` (flat, contiguous uint8) viewed as int32 words, where its length and offset allow."""
+    if (t.dtype != torch.uint8 or t.dim() != 1 or not t.is_contiguous() or t.numel() % 4
+            or t.storage_offset() % 4 or t.data_ptr() % 4):
+        return None
+    return t.view(torch.int32)
+
+
+def add_kernel(args: tuple) -> Optional[Callable[[list], torch.Tensor]]:
+    """The compiled quantized add for ``args`` (:func:`_add`'s arguments) once hot, as a
+    function of the list of its tensors returning the output; None before that or where
+    compilation fails.  Same-length flat quint8 operands run four values to an int32 word."""
+    x_words, y_words = _as_words(args[0]), _as_words(args[1])
+    if (x_words is not None and y_words is not None and x_words.numel() == y_words.numel()
+            and args[10] == torch.uint8):
+        word_args = (x_words, y_words, *args[2:10], args[11])
+        kernel = compiled("add_words", word_args, source=_add_bytes_in_words)
+        if kernel is None:
+            return None
+        return lambda inputs: kernel([inputs[0].view(torch.int32), inputs[1].view(torch.int32),
+                                      *inputs[2:]])[0].view(torch.uint8)
+    kernel = compiled("add", args)
+    if kernel is None:
+        return None
+    return lambda inputs: kernel(inputs)[0]
+
+
 _SOURCES = {"quantize": _quantize, "quantize_finite": _quantize_finite,
             "dequantize": dequantize_formula, "fake_quantize": fake_quantize_formula, "add": _add}
 _EAGER = {"quantize": quantize_formula, "quantize_finite": quantize_finite_formula,
@@ -182,10 +223,14 @@ def _guarded(op: str):
     single = op != "fake_quantize"
 
     def run(*args):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if op == "add":
+            kernel = add_kernel(args)
+            return _EAGER[op](*args) if kernel is None else kernel(tensors)
         kernel = compiled(op, args)
         if kernel is None:
             return _EAGER[op](*args)
-        out = kernel([a for a in args if isinstance(a, torch.Tensor)])
+        out = kernel(tensors)
         return out[0] if single else tuple(out)
     return run
 

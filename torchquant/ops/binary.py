@@ -74,10 +74,10 @@ def _plan(values_a: torch.Tensor, values_b: torch.Tensor, qd: _dt.QDType, operan
     if kernels.get("add", flat_a) is not kernels.implementations("add")["cpu_compiled"].fn:
         return None
     statics = (qd.qmin, qd.qmax, qd.storage_dtype, relu)
-    kernel = cpu_compiled.compiled("add", (flat_a, to_flat(values_b), *operands, *statics))
+    kernel = cpu_compiled.add_kernel((flat_a, to_flat(values_b), *operands, *statics))
     if kernel is None:
         return None
-    return lambda x, y: from_flat(kernel([to_flat(x), to_flat(y), *operands])[0])
+    return lambda x, y: from_flat(kernel([to_flat(x), to_flat(y), *operands]))
 
 
 def _plan_key(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: float,
