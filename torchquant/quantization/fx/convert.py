@@ -1,0 +1,331 @@
+"""``convert_fx``'s passes: observers -> quantize/dequantize nodes and weighted modules ->
+reference modules (the reference model), then lowering of ``dequantize -> float op -> quantize``
+patterns to torchquant's quantized modules and ops.
+
+Reference representation: an observed edge ``x`` becomes ``quantize_per_tensor(x, _scale_<n>,
+_zero_point_<n>, "<qdtype name>")`` (qparams are GraphModule buffers read by ``get_attr``
+nodes) followed by one ``dequantize`` per use.  ``quantize_per_tensor`` / ``quantize_per_channel``
+here are thin graph functions taking the qdtype by name so the generated code needs no
+torchquant globals.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.fx import GraphModule, Node
+
+from ... import dtypes as _dt
+from ...tensor_functions import quantize_per_channel as _quantize_per_channel
+from ...tensor_functions import quantize_per_tensor as _quantize_per_tensor
+from ...nn import intrinsic as nni
+from ...nn.intrinsic import quantized as nniq
+from ...nn import quantized as nnq
+from ...nn.quantized import _binary
+from ...nn.quantized import reference as nnqr
+from ..backend_config import BackendConfig, ObservationType
+from ..fake_quantize import FakeQuantizeBase
+from ..observer import ObserverBase
+from ..utils import get_qparam_dict, is_per_channel
+from .fuse import _set_module
+
+__all__ = ["quantize_per_tensor", "quantize_per_channel", "convert_to_reference",
+           "lower_to_torchquant"]
+
+
+def quantize_per_tensor(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                        qdtype_name: str) -> torch.Tensor:
+    """Graph form of :func:`torchquant.quantize_per_tensor` (qdtype by name)."""
+    return _quantize_per_tensor(x, float(scale), int(zero_point), _dt.qdtype_of(qdtype_name))
+
+
+def quantize_per_channel(x: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
+                         axis: int, qdtype_name: str) -> torch.Tensor:
+    """Graph form of :func:`torchquant.quantize_per_channel` (qdtype by name)."""
+    return _quantize_per_channel(x, scales, zero_points, axis, _dt.qdtype_of(qdtype_name))
+
+
+_QUANTIZE_FUNCTIONS = (quantize_per_tensor, quantize_per_channel)
+
+
+def _is_observer(module: Any) -> bool:
+    return isinstance(module, (ObserverBase, FakeQuantizeBase))
+
+
+def _new_buffer_name(gm: GraphModule, prefix: str) -> str:
+    i = 0
+    while hasattr(gm, f"{prefix}{i}"):
+        i += 1
+    return f"{prefix}{i}"
+
+
+def _get_attr_node(gm: GraphModule, prefix: str, value: torch.Tensor) -> Node:
+    name = _new_buffer_name(gm, prefix)
+    gm.register_buffer(name, value)
+    return gm.graph.create_node("get_attr", name, (), {})
+
+
+def _replace_observer(gm: GraphModule, node: Node, observer: torch.nn.Module) -> None:
+    """observer node -> quantize node + one dequantize per use (or nothing for float)."""
+    graph = gm.graph
+    source = node.args[0]
+    dtype = observer.dtype
+    if getattr(observer, "is_dynamic", False):
+        raise NotImplementedError("FX convert: dynamic activation observers are not supported "
+                                  f"yet (observer {node.target})")
+    if not _dt.is_qdtype_like(dtype) or dtype in (torch.float16, torch.float32):
+        node.replace_all_uses_with(source)
+        graph.erase_node(node)
+        return
+    qdtype = _dt.to_qdtype(dtype)
+    scale, zero_point = observer.calculate_qparams()
+    with graph.inserting_before(node):
+        if is_per_channel(getattr(observer, "qscheme", None)):
+            scale_node = _get_attr_node(gm, "_scale_", scale.detach().clone())
+            zp_node = _get_attr_node(gm, "_zero_point_", zero_point.detach().clone())
+            quant = graph.call_function(quantize_per_channel,
+                                        (source, scale_node, zp_node, int(observer.ch_axis),
+                                         qdtype.name))
+        else:
+            scale_node = _get_attr_node(gm, "_scale_",
+                                        torch.tensor(float(scale), dtype=torch.float32))
+            zp_node = _get_attr_node(gm, "_zero_point_",
+                                     torch.tensor(int(zero_point), dtype=torch.int64))
+            quant = graph.call_function(quantize_per_tensor,
+                                        (source, scale_node, zp_node, qdtype.name))
+    for user in list(node.users):
+        with graph.inserting_before(user):
+            dequant = graph.call_method("dequantize", (quant,))
+        user.replace_input_with(node, dequant)
+    graph.erase_node(node)
+
+
+_QAT_TO_FLOAT_NEEDED = "to_float"
+
+
+def _reference_for(module: torch.nn.Module, qconfig: Any, root_to_ref: dict[type, type]
+                   ) -> Optional[torch.nn.Module]:
+    """The reference module for a float / fused / QAT weighted module (fused: element 0 is
+    replaced, the container stays); None when the backend config has no reference module."""
+    weight_post_process = None
+    if hasattr(module, "weight_fake_quant") and hasattr(module, "to_float"):
+        weight_post_process = module.weight_fake_quant
+        module = module.to_float()
+    float_module = module[0] if isinstance(module, torch.nn.Sequential) else module
+    ref_cls = root_to_ref.get(type(float_module))
+    if ref_cls is None or not hasattr(float_module, "weight"):
+        return None
+    if weight_post_process is None:
+        weight_post_process = qconfig.weight()
+    weight_post_process(float_module.weight)
+    ref = ref_cls.from_float(float_module, get_qparam_dict(weight_post_process))
+    if isinstance(module, torch.nn.Sequential):
+        module[0] = ref
+        return module
+    return ref
+
+
+def convert_to_reference(gm: GraphModule, backend_config: BackendConfig,
+                         quantized_roots: dict[str, Any]) -> GraphModule:
+    """Reference model, in place on ``gm`` (already a copy)."""
+    from ..backend_config.utils import get_root_module_to_quantized_reference_module
+    modules = dict(gm.named_modules(remove_duplicate=False))
+    root_to_ref = get_root_module_to_quantized_reference_module(backend_config)
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module":
+            continue
+        module = modules[str(node.target)]
+        if _is_observer(module):
+            _replace_observer(gm, node, module)
+        elif node.name in quantized_roots:
+            qconfig = getattr(module, "qconfig", None)
+            if qconfig is None:
+                continue
+            ref = _reference_for(module, qconfig, root_to_ref)
+            if ref is not None:
+                _set_module(gm, str(node.target), ref)
+    for name, module in list(gm.named_modules(remove_duplicate=False)):
+        if hasattr(module, "qconfig"):
+            try:
+                del module.qconfig
+            except AttributeError:
+                pass
+    gm.graph.eliminate_dead_code()
+    for name, module in list(gm.named_children()):
+        if _is_observer(module):
+            delattr(gm, name)
+    gm.delete_all_unused_submodules()
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+# ---------------------------------------------------------------------------------------------
+# lowering
+
+_LOWER_MODULES: dict[type, type] = {
+    nnqr.Linear: nnq.Linear,
+    nnqr.Conv1d: nnq.Conv1d,
+    nnqr.Conv2d: nnq.Conv2d,
+    nnqr.Conv3d: nnq.Conv3d,
+}
+_LOWER_FUSED_MODULES: dict[type, tuple[type, type]] = {
+    nni.LinearReLU: (nnqr.Linear, nniq.LinearReLU),
+    nni.ConvReLU1d: (nnqr.Conv1d, nniq.ConvReLU1d),
+    nni.ConvReLU2d: (nnqr.Conv2d, nniq.ConvReLU2d),
+    nni.ConvReLU3d: (nnqr.Conv3d, nniq.ConvReLU3d),
+}
+_ADD_OPS = (operator.add, torch.add)
+_MUL_OPS = (operator.mul, torch.mul)
+_RELU_FUNCTIONS = (F.relu, torch.relu)
+
+
+def _is_quantize(node: Any) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and \
+        node.target in _QUANTIZE_FUNCTIONS
+
+
+def _is_dequantize(node: Any) -> bool:
+    """A ``dequantize`` of a value whose quantization parameters are known (a quantize node or
+    an already lowered quantized node)."""
+    return isinstance(node, Node) and node.op == "call_method" and node.target == "dequantize" \
+        and isinstance(node.args[0], Node) and "torchquant_qparams" in node.args[0].meta
+
+
+def _qparams(gm: GraphModule, node: Node) -> tuple[float, int]:
+    """Output qparams of a quantize node or of a lowered quantized node."""
+    return node.meta["torchquant_qparams"]
+
+
+def _record_quantize_qparams(gm: GraphModule) -> None:
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is quantize_per_tensor:
+            _, scale_node, zp_node, _ = node.args
+            node.meta["torchquant_qparams"] = (float(getattr(gm, str(scale_node.target))),
+                                               int(getattr(gm, str(zp_node.target))))
+
+
+def _single_quantize_user(node: Node) -> Optional[Node]:
+    users = list(node.users)
+    if len(users) == 1 and _is_quantize(users[0]) and users[0].target is quantize_per_tensor:
+        return users[0]
+    return None
+
+
+def _is_relu(node: Node, modules: dict[str, torch.nn.Module]) -> bool:
+    return ((node.op == "call_module" and type(modules.get(str(node.target))) is torch.nn.ReLU)
+            or (node.op == "call_function" and node.target in _RELU_FUNCTIONS)
+            or (node.op == "call_method" and node.target == "relu"))
+
+
+def _finish(gm: GraphModule, lowered: Node, quant_out: Node, dropped: list[Node]) -> None:
+    quant_out.replace_all_uses_with(lowered)
+    graph = gm.graph
+    graph.erase_node(quant_out)
+    for node in dropped:
+        if not node.users:
+            graph.erase_node(node)
+
+
+def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> GraphModule:
+    """Replace quantizable ``dequantize -> op -> quantize`` islands by torchquant quantized
+    modules / QTensor ops, in place."""
+    graph = gm.graph
+    modules = dict(gm.named_modules(remove_duplicate=False))
+    _record_quantize_qparams(gm)
+    share_targets = {p for p, c in backend_config._pattern_complex_format_to_config.items()
+                     if c.observation_type == ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT
+                     and not isinstance(p, tuple)}
+    for node in list(graph.nodes):
+        if getattr(node, "_erased", False) or node.op not in ("call_module", "call_function",
+                                                       "call_method"):
+            continue
+        if node.op == "call_module":
+            module = modules.get(str(node.target))
+            lowered_cls = None
+            if type(module) in _LOWER_MODULES:
+                lowered_cls = _LOWER_MODULES[type(module)]
+            elif type(module) in _LOWER_FUSED_MODULES and \
+                    type(module[0]) is _LOWER_FUSED_MODULES[type(module)][0]:
+                lowered_cls = _LOWER_FUSED_MODULES[type(module)][1]
+            if lowered_cls is not None:
+                dq = node.args[0]
+                quant_out = _single_quantize_user(node)
+                if len(node.args) == 1 and _is_dequantize(dq) and quant_out is not None:
+                    scale, zp = _qparams(gm, quant_out)
+                    qmod = lowered_cls.from_reference(module, scale, zp)
+                    _set_module(gm, str(node.target), qmod)
+                    modules[str(node.target)] = qmod
+                    node.args = (dq.args[0],)
+                    node.meta["torchquant_qparams"] = (scale, zp)
+                    _finish(gm, node, quant_out, [dq])
+                continue
+        if node.op == "call_function" and node.target in _ADD_OPS + _MUL_OPS:
+            _lower_binary(gm, modules, node)
+            continue
+        if node.op == "call_function" and node.target is torch.cat:
+            _lower_cat(gm, node)
+            continue
+        target = type(modules.get(str(node.target))) if node.op == "call_module" else node.target
+        if target in share_targets:
+            _lower_share(gm, node)
+    graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+    graph.lint()
+    gm.recompile()
+    return gm
+
+
+def _lower_binary(gm: GraphModule, modules: dict[str, torch.nn.Module], node: Node) -> None:
+    if len(node.args) != 2 or node.kwargs:
+        return
+    a, b = node.args
+    if not (_is_dequantize(a) and _is_dequantize(b)):
+        return
+    relu = False
+    tail = node
+    users = list(node.users)
+    if len(users) == 1 and _is_relu(users[0], modules):
+        relu, tail = True, users[0]
+    quant_out = _single_quantize_user(tail)
+    if quant_out is None:
+        return
+    scale, zp = _qparams(gm, quant_out)
+    op = _binary.add if node.target in _ADD_OPS else _binary.mul
+    with gm.graph.inserting_before(node):
+        lowered = gm.graph.call_function(op, (a.args[0], b.args[0], scale, zp),
+                                         {"relu": True} if relu else {})
+    lowered.meta["torchquant_qparams"] = (scale, zp)
+    _finish(gm, lowered, quant_out, ([tail] if relu else []) + [node, a, b])
+
+
+def _lower_cat(gm: GraphModule, node: Node) -> None:
+    tensors = node.args[0]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    if not isinstance(tensors, (list, tuple)) or not all(_is_dequantize(t) for t in tensors):
+        return
+    quant_out = _single_quantize_user(node)
+    if quant_out is None:
+        return
+    scale, zp = _qparams(gm, quant_out)
+    with gm.graph.inserting_before(node):
+        lowered = gm.graph.call_function(_binary.cat, ([t.args[0] for t in tensors], dim, scale,
+                                                       zp))
+    lowered.meta["torchquant_qparams"] = (scale, zp)
+    _finish(gm, lowered, quant_out, [node, *tensors])
+
+
+def _lower_share(gm: GraphModule, node: Node) -> None:
+    """A share-qparams op (pooling, relu, flatten, view ...) between dequantize and quantize with
+    the same qparams runs directly on the QTensor."""
+    if not node.args or not _is_dequantize(node.args[0]):
+        return
+    dq = node.args[0]
+    quant_out = _single_quantize_user(node)
+    if quant_out is None or _qparams(gm, quant_out) != _qparams(gm, dq.args[0]):
+        return
+    node.args = (dq.args[0], *node.args[1:])
+    node.meta["torchquant_qparams"] = _qparams(gm, quant_out)
+    _finish(gm, node, quant_out, [dq])
