@@ -153,7 +153,7 @@ def convert_to_reference(gm: GraphModule, backend_config: BackendConfig,
             except AttributeError:
                 pass
     gm.graph.eliminate_dead_code()
-    for name, module in list(gm.named_children()):
+    for name, module in list(gm._modules.items()):
         if _is_observer(module):
             delattr(gm, name)
     gm.delete_all_unused_submodules()
@@ -265,6 +265,9 @@ def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> Graph
         if node.op == "call_function" and node.target in _ADD_OPS + _MUL_OPS:
             _lower_binary(gm, modules, node)
             continue
+        if node.op == "call_function" and node.target is F.linear:
+            _lower_functional_linear(gm, modules, node)
+            continue
         if node.op == "call_function" and node.target is torch.cat:
             _lower_cat(gm, node)
             continue
@@ -329,3 +332,63 @@ def _lower_share(gm: GraphModule, node: Node) -> None:
     node.args = (dq.args[0], *node.args[1:])
     node.meta["torchquant_qparams"] = _qparams(gm, quant_out)
     _finish(gm, node, quant_out, [dq])
+
+
+def _attr_value(gm: GraphModule, node: Any) -> Any:
+    if node is None:
+        return None
+    if not (isinstance(node, Node) and node.op == "get_attr"):
+        raise ValueError
+    value: Any = gm
+    for part in str(node.target).split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _lower_functional_linear(gm: GraphModule, modules: dict[str, torch.nn.Module],
+                             node: Node) -> None:
+    """``dequantize(x), dequantize(quantize(w)) -> F.linear (-> relu) -> quantize`` becomes a
+    quantized Linear / LinearReLU submodule holding the quantized weight."""
+    args = list(node.args) + [None] * (3 - len(node.args))
+    x_dq, w_dq, bias_node = args[:3]
+    bias_node = node.kwargs.get("bias", bias_node)
+    if not (_is_dequantize(x_dq) and isinstance(w_dq, Node) and w_dq.op == "call_method"
+            and w_dq.target == "dequantize" and _is_quantize(w_dq.args[0])):
+        return
+    w_quant = w_dq.args[0]
+    try:
+        weight = _attr_value(gm, w_quant.args[0])
+        bias = _attr_value(gm, bias_node)
+    except ValueError:
+        return
+    relu = False
+    tail = node
+    users = list(node.users)
+    if len(users) == 1 and _is_relu(users[0], modules):
+        relu, tail = True, users[0]
+    quant_out = _single_quantize_user(tail)
+    if quant_out is None:
+        return
+    scale, zp = _qparams(gm, quant_out)
+    if w_quant.target is quantize_per_channel:
+        _, scales, zps, axis, name = w_quant.args
+        w_q = _quantize_per_channel(weight.detach(), _attr_value(gm, scales),
+                                    _attr_value(gm, zps), axis, _dt.qdtype_of(name))
+    else:
+        _, w_scale, w_zp, name = w_quant.args
+        w_q = _quantize_per_tensor(weight.detach(), float(_attr_value(gm, w_scale)),
+                                   int(_attr_value(gm, w_zp)), _dt.qdtype_of(name))
+    cls = nniq.LinearReLU if relu else nnq.Linear
+    qlinear = cls(weight.shape[1], weight.shape[0], bias is not None)
+    qlinear.set_weight_bias(w_q, None if bias is None else bias.detach())
+    qlinear.scale, qlinear.zero_point = scale, zp
+    i = 0
+    while hasattr(gm, f"{node.name}_quantized_{i}"):
+        i += 1
+    module_name = f"{node.name}_quantized_{i}"
+    gm.add_submodule(module_name, qlinear)
+    modules[module_name] = qlinear
+    with gm.graph.inserting_before(node):
+        lowered = gm.graph.call_module(module_name, (x_dq.args[0],))
+    lowered.meta["torchquant_qparams"] = (scale, zp)
+    _finish(gm, lowered, quant_out, ([tail] if relu else []) + [node, x_dq, w_dq])

@@ -46,6 +46,7 @@ def fuse_graph_module(gm: GraphModule, backend_config: BackendConfig, is_qat: bo
     modules = dict(gm.named_modules(remove_duplicate=False))
     matches = find_matches(gm.graph, modules, fusers.keys())
     done = set()
+    dropped: set[str] = set()
     for name, (last, node_pattern, pattern) in list(matches.items()):
         if last.name in done:
             continue
@@ -64,6 +65,13 @@ def fuse_graph_module(gm: GraphModule, backend_config: BackendConfig, is_qat: bo
             for node in flatten_node_pattern(node_pattern):
                 if node is not root:
                     gm.graph.erase_node(node)
+                    if node.op == "call_module":
+                        dropped.add(str(node.target))
+    still_used = {str(n.target) for n in gm.graph.nodes if n.op == "call_module"}
+    for path in dropped - still_used:
+        parent_path, _, name = path.rpartition(".")
+        parent = gm.get_submodule(parent_path) if parent_path else gm
+        delattr(parent, name)
     gm.graph.lint()
     gm.recompile()
     gm.delete_all_unused_submodules()

@@ -262,7 +262,8 @@ def plan_patterns(gm: GraphModule, modules: dict[str, torch.nn.Module],
         if not any(isinstance(a, Node) and a.name in tensor_nodes
                    for a in _flat_args(root)):
             continue
-        weighted = config._input_type_to_index.get("weight") is not None or (
+        input_type_to_index = _root_input_type_to_index(root, modules, configs, config)
+        weighted = input_type_to_index.get("weight") is not None or (
             root.op == "call_module" and hasattr(modules[str(root.target)], "weight"))
         dtype_config = dtype_config_for(qconfig, config.dtype_configs, weighted)
         if dtype_config is None:
@@ -275,9 +276,22 @@ def plan_patterns(gm: GraphModule, modules: dict[str, torch.nn.Module],
         from .match_utils import flatten_node_pattern
         plan = _PatternPlan(qconfig, config, dtype_config, last, root,
                             flatten_node_pattern(node_pattern))
+        plan.input_type_to_index = input_type_to_index
         plans[root.name] = plan
         plans[last.name] = plan
     return plans, float_reasons
+
+
+def _root_input_type_to_index(root: Node, modules: dict[str, torch.nn.Module],
+                              configs: dict[Pattern, BackendPatternConfig],
+                              matched: BackendPatternConfig) -> dict[str, int]:
+    """Weight / bias argument positions, from the config of the root node's own op (a fused
+    pattern such as ``(F.relu, F.linear)`` does not list them itself)."""
+    if matched._input_type_to_index:
+        return matched._input_type_to_index
+    key = type(modules.get(str(root.target))) if root.op == "call_module" else root.target
+    own = configs.get(key)
+    return own._input_type_to_index if own is not None else {}
 
 
 def _flat_args(node: Node) -> list[Any]:
@@ -317,7 +331,7 @@ def insert_observers(gm: GraphModule, modules: dict[str, torch.nn.Module],
 
 def _insert_input_observers(gm: GraphModule, modules: dict[str, torch.nn.Module], node: Node,
                             plan: _PatternPlan, tensor_nodes: set[str]) -> None:
-    index_of = plan.config._input_type_to_index
+    index_of = plan.input_type_to_index
     weight_index, bias_index = index_of.get("weight"), index_of.get("bias")
     if plan.share:
         first = node.args[0] if node.args else None
