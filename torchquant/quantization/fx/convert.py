@@ -26,6 +26,7 @@ from ...nn import quantized as nnq
 from ...nn.quantized import _binary
 from ...nn.quantized import reference as nnqr
 from ..backend_config import BackendConfig, ObservationType
+from ..backend_config.utils import get_root_module_to_quantized_reference_module
 from ..fake_quantize import FakeQuantizeBase
 from ..observer import ObserverBase
 from ..utils import get_qparam_dict, is_per_channel
@@ -130,7 +131,6 @@ def _reference_for(module: torch.nn.Module, qconfig: Any, root_to_ref: dict[type
 def convert_to_reference(gm: GraphModule, backend_config: BackendConfig,
                          quantized_roots: dict[str, Any]) -> GraphModule:
     """Reference model, in place on ``gm`` (already a copy)."""
-    from ..backend_config.utils import get_root_module_to_quantized_reference_module
     modules = dict(gm.named_modules(remove_duplicate=False))
     root_to_ref = get_root_module_to_quantized_reference_module(backend_config)
     for node in list(gm.graph.nodes):

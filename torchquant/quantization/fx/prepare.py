@@ -12,6 +12,7 @@ modules are observed at convert time (``module.qconfig.weight()``).
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from typing import Any, Optional
 
@@ -26,7 +27,7 @@ from ..fake_quantize import FakeQuantizeBase
 from ..observer import ObserverBase, ReuseInputObserver
 from ..qconfig import QConfigAny, QConfigMapping, qconfig_equals, _get_qconfig
 from ..utils import Pattern
-from .match_utils import find_matches, root_node_of
+from .match_utils import find_matches, flatten_node_pattern, root_node_of
 
 __all__ = ["update_qconfig_for_fusion", "generate_node_name_to_qconfig", "insert_observers",
            "is_observer_node", "annotate_tensor_nodes", "dtype_config_for"]
@@ -108,7 +109,6 @@ def _scope_qconfig(qconfig_mapping: QConfigMapping, object_type: Any, module_nam
                    fallback: QConfigAny) -> QConfigAny:
     """object_type (falling back to ``fallback``) < regex < module name, for the module
     ``module_name`` of type ``object_type``."""
-    import re
     qconfig = qconfig_mapping.object_type_qconfigs.get(object_type, fallback)
     for regex, regex_qconfig in qconfig_mapping.module_name_regex_qconfigs.items():
         if re.match(regex, module_name):
@@ -273,7 +273,6 @@ def plan_patterns(gm: GraphModule, modules: dict[str, torch.nn.Module],
                           "(dtype or constraint mismatch); the pattern is left in float",
                           stacklevel=3)
             continue
-        from .match_utils import flatten_node_pattern
         plan = _PatternPlan(qconfig, config, dtype_config, last, root,
                             flatten_node_pattern(node_pattern))
         plan.input_type_to_index = input_type_to_index
