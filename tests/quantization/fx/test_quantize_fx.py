@@ -353,3 +353,64 @@ def test_plain_dict_qconfig_mapping_is_accepted_with_warning():
     with pytest.warns(FutureWarning):
         prepared = quantize_fx.prepare_fx(MLP().eval(), {"": ours_q}, (torch.randn(1, 16),))
     assert hasattr(prepared, "activation_post_process_0")
+
+
+def _linear_only_backend_configs(input_constraint_scale_min=None):
+    """The same one-pattern BackendConfig (only nn.Linear) for torchquant and torch.ao."""
+    import torch.ao.nn.quantized.reference as ao_nnqr
+    import torch.ao.quantization.backend_config as ao_bc
+    from torchquant.quantization import backend_config as tq_bc
+
+    def build(bc, ref_linear):
+        input_dtype = torch.quint8 if input_constraint_scale_min is None else \
+            bc.DTypeWithConstraints(dtype=torch.quint8,
+                                    scale_min_lower_bound=input_constraint_scale_min)
+        dtype_config = bc.DTypeConfig(input_dtype=input_dtype, output_dtype=torch.quint8,
+                                      weight_dtype=torch.qint8, bias_dtype=torch.float)
+        linear = (bc.BackendPatternConfig(nn.Linear)
+                  .set_observation_type(bc.ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT)
+                  .add_dtype_config(dtype_config).set_root_module(nn.Linear)
+                  .set_reference_quantized_module(ref_linear))
+        return bc.BackendConfig("linear_only").set_backend_pattern_config(linear)
+
+    return build(tq_bc, nnqr.Linear), build(ao_bc, ao_nnqr.Linear)
+
+
+def _prepare_both_with_backend(ours_bc, theirs_bc):
+    torch.manual_seed(0)
+    model = MLP().eval()
+    example = (torch.randn(4, 16),)
+    ours_q, theirs_q = _reduce_range_qconfigs()
+    ours = quantize_fx.prepare_fx(model, QConfigMapping().set_global(ours_q), example,
+                                  backend_config=ours_bc)
+    theirs = ao_fx.prepare_fx(copy.deepcopy(model), ao.QConfigMapping().set_global(theirs_q),
+                              example, backend_config=theirs_bc)
+    for _ in range(3):
+        x = torch.randn(4, 16)
+        ours(x)
+        theirs(x)
+    return ours, theirs
+
+
+def test_user_backend_config_limits_what_is_quantized_like_torch():
+    ours_bc, theirs_bc = _linear_only_backend_configs()
+    ours, theirs = _prepare_both_with_backend(ours_bc, theirs_bc)
+    assert _observer_placement(ours) == _observer_placement(theirs)
+    assert type(ours.fc1) is nn.Linear                 # no fusion patterns in this config
+    q_ours = quantize_fx.convert_fx(ours, backend_config=ours_bc)
+    q_theirs = ao_fx.convert_fx(theirs, backend_config=theirs_bc)
+    assert [type(m).__name__ for m in q_ours.children()] == \
+        [type(m).__name__ for m in q_theirs.children()]
+    assert all(type(getattr(q_ours, n)) is nnq.Linear for n in ("fc1", "fc2", "fc3"))
+    x = torch.randn(4, 16)
+    torch.testing.assert_close(q_ours(x), q_theirs(x), rtol=0, atol=0)
+
+
+def test_dtype_constraint_mismatch_leaves_pattern_float_with_warning():
+    # the observers' eps (float32 eps) is below the 2**-12 scale lower bound: not satisfied
+    ours_bc, theirs_bc = _linear_only_backend_configs(input_constraint_scale_min=2 ** -12)
+    with pytest.warns(UserWarning, match="fc1.*left in float"):
+        ours, theirs = _prepare_both_with_backend(ours_bc, theirs_bc)
+    assert _observer_placement(ours) == _observer_placement(theirs) == []
+    q = quantize_fx.convert_fx(ours, backend_config=ours_bc)
+    assert type(q.fc1) is nn.Linear

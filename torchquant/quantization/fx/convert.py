@@ -25,7 +25,7 @@ from ...nn.intrinsic import quantized as nniq
 from ...nn import quantized as nnq
 from ...nn.quantized import _binary
 from ...nn.quantized import reference as nnqr
-from ..backend_config import BackendConfig, ObservationType
+from ..backend_config import BackendConfig
 from ..backend_config.utils import get_root_module_to_quantized_reference_module
 from ..fake_quantize import FakeQuantizeBase
 from ..observer import ObserverBase
@@ -177,6 +177,21 @@ _LOWER_FUSED_MODULES: dict[type, tuple[type, type]] = {
     nni.ConvReLU2d: (nnqr.Conv2d, nniq.ConvReLU2d),
     nni.ConvReLU3d: (nnqr.Conv3d, nniq.ConvReLU3d),
 }
+# ops that run on a QTensor and keep its qparams: a dequantize -> op -> quantize island around
+# them is removed whatever the backend config says (torch's lowering does the same)
+_COPY_MODULES = (torch.nn.ReLU, torch.nn.ReLU6, torch.nn.Hardtanh, torch.nn.Identity,
+                 torch.nn.MaxPool1d, torch.nn.MaxPool2d, torch.nn.MaxPool3d,
+                 torch.nn.AvgPool1d, torch.nn.AvgPool2d, torch.nn.AvgPool3d,
+                 torch.nn.AdaptiveAvgPool1d, torch.nn.AdaptiveAvgPool2d,
+                 torch.nn.AdaptiveAvgPool3d)
+_COPY_FUNCTIONS = (F.relu, torch.relu, F.relu6, F.hardtanh, F.max_pool1d, F.max_pool2d,
+                   F.max_pool3d, F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.adaptive_avg_pool1d,
+                   F.adaptive_avg_pool2d, F.adaptive_avg_pool3d, F.interpolate, torch.clamp,
+                   torch.mean, torch.flatten, torch.transpose, torch.squeeze, torch.unsqueeze,
+                   torch.repeat_interleave)
+_COPY_METHODS = ("relu", "relu_", "clamp", "mean", "contiguous", "detach", "detach_", "permute",
+                 "repeat", "repeat_interleave", "reshape", "resize_", "squeeze", "squeeze_",
+                 "transpose", "unsqueeze", "unsqueeze_", "view", "flatten")
 _ADD_OPS = (operator.add, torch.add)
 _MUL_OPS = (operator.mul, torch.mul)
 _RELU_FUNCTIONS = (F.relu, torch.relu)
@@ -235,9 +250,6 @@ def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> Graph
     graph = gm.graph
     modules = dict(gm.named_modules(remove_duplicate=False))
     _record_quantize_qparams(gm)
-    share_targets = {p for p, c in backend_config._pattern_complex_format_to_config.items()
-                     if c.observation_type == ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT
-                     and not isinstance(p, tuple)}
     for node in list(graph.nodes):
         if getattr(node, "_erased", False) or node.op not in ("call_module", "call_function",
                                                        "call_method"):
@@ -271,8 +283,9 @@ def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> Graph
         if node.op == "call_function" and node.target is torch.cat:
             _lower_cat(gm, node)
             continue
-        target = type(modules.get(str(node.target))) if node.op == "call_module" else node.target
-        if target in share_targets:
+        if (node.op == "call_module" and type(modules.get(str(node.target))) in _COPY_MODULES) or (
+                node.op == "call_function" and node.target in _COPY_FUNCTIONS) or (
+                node.op == "call_method" and node.target in _COPY_METHODS):
             _lower_share(gm, node)
     graph.eliminate_dead_code()
     gm.delete_all_unused_submodules()
@@ -321,18 +334,19 @@ def _lower_cat(gm: GraphModule, node: Node) -> None:
 
 
 def _lower_share(gm: GraphModule, node: Node) -> None:
-    """A share-qparams op (pooling, relu, flatten, view ...) between dequantize and quantize with
-    the same qparams runs directly on the QTensor."""
+    """A copy / shape op (pooling, relu, flatten, view ...) between dequantize and quantize runs
+    directly on the QTensor and keeps its input's qparams; the quantize after it is dropped even
+    when its qparams differ (torch's lowering does the same: the op's output inherits the
+    input's scale and zero point)."""
     if not node.args or not _is_dequantize(node.args[0]):
         return
     dq = node.args[0]
     quant_out = _single_quantize_user(node)
-    if quant_out is None or _qparams(gm, quant_out) != _qparams(gm, dq.args[0]):
+    if quant_out is None:
         return
     node.args = (dq.args[0], *node.args[1:])
-    node.meta["torchquant_qparams"] = _qparams(gm, quant_out)
+    node.meta["torchquant_qparams"] = _qparams(gm, dq.args[0])
     _finish(gm, node, quant_out, [dq])
-
 
 def _attr_value(gm: GraphModule, node: Any) -> Any:
     if node is None:
