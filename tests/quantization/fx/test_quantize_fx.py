@@ -414,3 +414,21 @@ def test_dtype_constraint_mismatch_leaves_pattern_float_with_warning():
     assert _observer_placement(ours) == _observer_placement(theirs) == []
     q = quantize_fx.convert_fx(ours, backend_config=ours_bc)
     assert type(q.fc1) is nn.Linear
+
+
+@pytest.mark.parametrize("name", ["cnn", "functional"])
+def test_converted_model_exports(name):
+    _, make_input, ours, _ = _both(name, calib_batches=2)
+    q = quantize_fx.convert_fx(ours)
+    x = make_input()
+    exported = torch.export.export(q, (x,))
+    targets = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert any(t.startswith("torchquant.") for t in targets)
+    torch.testing.assert_close(exported.module()(x), q(x), rtol=0, atol=0)
+
+
+def test_converted_model_compiles_fullgraph():
+    _, make_input, ours, _ = _both("mlp", calib_batches=2)
+    q = quantize_fx.convert_fx(ours)
+    x = make_input()
+    torch.testing.assert_close(torch.compile(q, fullgraph=True)(x), q(x), rtol=0, atol=0)

@@ -287,11 +287,29 @@ def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> Graph
                 node.op == "call_function" and node.target in _COPY_FUNCTIONS) or (
                 node.op == "call_method" and node.target in _COPY_METHODS):
             _lower_share(gm, node)
+    _inline_quantize_qparams(gm)
     graph.eliminate_dead_code()
     gm.delete_all_unused_submodules()
     graph.lint()
     gm.recompile()
     return gm
+
+
+def _inline_quantize_qparams(gm: GraphModule) -> None:
+    """Remaining per-tensor quantize nodes take their qparams as constants (no tensor ``.item()``
+    in the lowered graph, so torch.export / torch.compile see no data-dependent values); their
+    qparam buffers are dropped."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is quantize_per_tensor and \
+                "torchquant_qparams" in node.meta:
+            x, scale_node, zp_node, name = node.args
+            scale, zero_point = node.meta["torchquant_qparams"]
+            node.args = (x, scale, zero_point, name)
+            for attr in (scale_node, zp_node):
+                if isinstance(attr, Node) and not attr.users:
+                    gm.graph.erase_node(attr)
+                    if hasattr(gm, str(attr.target)):
+                        delattr(gm, str(attr.target))
 
 
 def _lower_binary(gm: GraphModule, modules: dict[str, torch.nn.Module], node: Node) -> None:
