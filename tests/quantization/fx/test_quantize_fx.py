@@ -86,6 +86,23 @@ class Functional(nn.Module):
         return torch.cat([torch.add(h, g), h], 1).view(x.shape[0], -1)
 
 
+class MixedOps(nn.Module):
+    """mul / mul+relu of two tensors, linear + BatchNorm1d fusion, add with a scalar (shares the
+    input observer), a fixed-qparams op and a non-tensor output."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.fc2 = nn.Linear(8, 8)
+        self.fc3 = nn.Linear(8, 8)
+        self.bn3 = nn.BatchNorm1d(8)
+
+    def forward(self, x):
+        y = torch.mul(self.fc1(x), self.fc2(x))
+        y = torch.relu(y * self.bn3(self.fc3(x)))
+        return torch.sigmoid(y + 1.0), x.size(0)
+
+
 def _models():
     torch.manual_seed(0)
     cnn = ResidualCNN()
@@ -96,6 +113,7 @@ def _models():
         "cnn": (cnn.eval(), lambda: torch.rand(2, 3, 8, 8)),
         "mlp": (MLP().eval(), lambda: torch.randn(4, 16)),
         "functional": (Functional().eval(), lambda: torch.randn(4, 10)),
+        "mixed": (MixedOps().eval(), lambda: torch.randn(4, 8)),
     }
 
 
@@ -129,13 +147,13 @@ def _both(name, mapping_pair=None, calib_batches=4):
     return model, make_input, ours, theirs
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp", "functional"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "functional", "mixed"])
 def test_prepare_observer_placement_matches_torch(name):
     _, _, ours, theirs = _both(name, calib_batches=1)
     assert _observer_placement(ours) == _observer_placement(theirs)
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp", "functional"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "functional", "mixed"])
 def test_convert_fx_matches_torch_bit_exactly(name):
     model, make_input, ours, theirs = _both(name)
     q_ours = quantize_fx.convert_fx(ours)
@@ -146,6 +164,9 @@ def test_convert_fx_matches_torch_bit_exactly(name):
         torch.testing.assert_close(q_ours(x), q_theirs(x), rtol=0, atol=0)
     # and it is a sensible quantization of the float model
     x = make_input()
+    if name == "mixed":
+        assert q_ours(x)[1] == 4
+        return
     err = (q_ours(x) - model(x)).abs().max()
     assert err < 0.1 * model(x).abs().max() + 0.05
 
@@ -183,6 +204,15 @@ def test_converted_functional_model_lowers_linear_and_add():
     assert all(type(m) in (nnq.Linear, nniq.LinearReLU) for _, m in q.named_children())
     functions = [n.target for n in q.graph.nodes if n.op == "call_function"]
     assert F.linear not in functions and _binary.add in functions and _binary.cat in functions
+
+
+def test_converted_mixed_ops_lower_to_torchquant_ops():
+    _, make_input, ours, _ = _both("mixed")
+    q = quantize_fx.convert_fx(ours)
+    assert type(q.fc3) is nnq.Linear                      # linear + bn1d folded at fusion
+    functions = [n.target for n in q.graph.nodes if n.op == "call_function"]
+    assert functions.count(_binary.mul) == 2 and _binary.add_scalar in functions
+    assert operator.add not in functions and operator.mul not in functions
 
 
 def test_fuse_fx_module_types_and_numerics_match_torch():

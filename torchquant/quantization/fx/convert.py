@@ -192,6 +192,10 @@ _COPY_FUNCTIONS = (F.relu, torch.relu, F.relu6, F.hardtanh, F.max_pool1d, F.max_
 _COPY_METHODS = ("relu", "relu_", "clamp", "mean", "contiguous", "detach", "detach_", "permute",
                  "repeat", "repeat_interleave", "reshape", "resize_", "squeeze", "squeeze_",
                  "transpose", "unsqueeze", "unsqueeze_", "view", "flatten")
+# fixed-qparams ops: the QTensor op produces its fixed output qparams
+_FIXED_QPARAMS_MODULES = (torch.nn.Sigmoid, torch.nn.Tanh, torch.nn.Hardsigmoid)
+_FIXED_QPARAMS_FUNCTIONS = (torch.sigmoid, torch.tanh, F.hardsigmoid)
+_FIXED_QPARAMS_METHODS = ("sigmoid", "sigmoid_", "tanh", "tanh_", "hardsigmoid", "hardsigmoid_")
 _ADD_OPS = (operator.add, torch.add)
 _MUL_OPS = (operator.mul, torch.mul)
 _RELU_FUNCTIONS = (F.relu, torch.relu)
@@ -287,6 +291,11 @@ def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> Graph
                 node.op == "call_function" and node.target in _COPY_FUNCTIONS) or (
                 node.op == "call_method" and node.target in _COPY_METHODS):
             _lower_share(gm, node)
+        elif (node.op == "call_module" and type(modules.get(str(node.target))) in
+              _FIXED_QPARAMS_MODULES) or (
+                node.op == "call_function" and node.target in _FIXED_QPARAMS_FUNCTIONS) or (
+                node.op == "call_method" and node.target in _FIXED_QPARAMS_METHODS):
+            _lower_share(gm, node, keep_output_qparams=True)
     _inline_quantize_qparams(gm)
     graph.eliminate_dead_code()
     gm.delete_all_unused_submodules()
@@ -316,6 +325,11 @@ def _lower_binary(gm: GraphModule, modules: dict[str, torch.nn.Module], node: No
     if len(node.args) != 2 or node.kwargs:
         return
     a, b = node.args
+    if isinstance(a, (int, float)) and node.target in _ADD_OPS + _MUL_OPS:
+        a, b = b, a
+    if _is_dequantize(a) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        _lower_binary_scalar(gm, modules, node, a, float(b))
+        return
     if not (_is_dequantize(a) and _is_dequantize(b)):
         return
     relu = False
@@ -335,6 +349,30 @@ def _lower_binary(gm: GraphModule, modules: dict[str, torch.nn.Module], node: No
     _finish(gm, lowered, quant_out, ([tail] if relu else []) + [node, a, b])
 
 
+def _lower_binary_scalar(gm: GraphModule, modules: dict[str, torch.nn.Module], node: Node,
+                         dq: Node, other: float) -> None:
+    """``dequantize(x) + c`` / ``* c`` -> quantized add_scalar / mul_scalar (the output qparams
+    follow from the input's, as in torch's quantized ops)."""
+    relu = False
+    tail = node
+    users = list(node.users)
+    if len(users) == 1 and _is_relu(users[0], modules):
+        relu, tail = True, users[0]
+    quant_out = _single_quantize_user(tail)
+    if quant_out is None:
+        return
+    with gm.graph.inserting_before(node):
+        if node.target in _ADD_OPS:
+            lowered = gm.graph.call_function(_binary.add_scalar, (dq.args[0], other),
+                                             {"relu": True} if relu else {})
+        else:
+            lowered = gm.graph.call_function(_binary.mul_scalar, (dq.args[0], other))
+            if relu:
+                lowered = gm.graph.call_function(torch.relu, (lowered,))
+    lowered.meta["torchquant_qparams"] = _qparams(gm, dq.args[0])
+    _finish(gm, lowered, quant_out, ([tail] if relu else []) + [node, dq])
+
+
 def _lower_cat(gm: GraphModule, node: Node) -> None:
     tensors = node.args[0]
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
@@ -351,7 +389,7 @@ def _lower_cat(gm: GraphModule, node: Node) -> None:
     _finish(gm, lowered, quant_out, [node, *tensors])
 
 
-def _lower_share(gm: GraphModule, node: Node) -> None:
+def _lower_share(gm: GraphModule, node: Node, keep_output_qparams: bool = False) -> None:
     """A copy / shape op (pooling, relu, flatten, view ...) between dequantize and quantize runs
     directly on the QTensor and keeps its input's qparams; the quantize after it is dropped even
     when its qparams differ (torch's lowering does the same: the op's output inherits the
@@ -363,7 +401,8 @@ def _lower_share(gm: GraphModule, node: Node) -> None:
     if quant_out is None:
         return
     node.args = (dq.args[0], *node.args[1:])
-    node.meta["torchquant_qparams"] = _qparams(gm, dq.args[0])
+    node.meta["torchquant_qparams"] = _qparams(gm, quant_out if keep_output_qparams
+                                               else dq.args[0])
     _finish(gm, node, quant_out, [dq])
 
 def _attr_value(gm: GraphModule, node: Any) -> Any:

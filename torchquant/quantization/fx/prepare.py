@@ -230,13 +230,15 @@ class _PatternPlan:
         self.root = root
         self.members = members
 
+    observation_type: ObservationType = ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT
+
     @property
     def share(self) -> bool:
-        return self.config.observation_type == ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT
+        return self.observation_type == ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT
 
     @property
     def not_observed(self) -> bool:
-        return self.config.observation_type == ObservationType.INPUT_OUTPUT_NOT_OBSERVED
+        return self.observation_type == ObservationType.INPUT_OUTPUT_NOT_OBSERVED
 
 
 def plan_patterns(gm: GraphModule, modules: dict[str, torch.nn.Module],
@@ -276,6 +278,12 @@ def plan_patterns(gm: GraphModule, modules: dict[str, torch.nn.Module],
         plan = _PatternPlan(qconfig, config, dtype_config, last, root,
                             flatten_node_pattern(node_pattern))
         plan.input_type_to_index = input_type_to_index
+        plan.observation_type = config.observation_type
+        by_count = config._num_tensor_args_to_observation_type
+        if by_count:
+            # binary ops: observation depends on how many operands are tensors (x + 1.0 shares)
+            count = sum(1 for a in root.args if isinstance(a, Node) and a.name in tensor_nodes)
+            plan.observation_type = by_count.get(count, plan.observation_type)
         plans[root.name] = plan
         plans[last.name] = plan
     return plans, float_reasons
@@ -333,7 +341,7 @@ def _insert_input_observers(gm: GraphModule, modules: dict[str, torch.nn.Module]
     index_of = plan.input_type_to_index
     weight_index, bias_index = index_of.get("weight"), index_of.get("bias")
     if plan.share:
-        first = node.args[0] if node.args else None
+        first = next((a for a in node.args if isinstance(a, (Node, list, tuple))), None)
         candidates = list(first) if isinstance(first, (list, tuple)) else [first]
         positions = [(None, a) for a in candidates]
     else:
@@ -375,7 +383,7 @@ def _share_input_observer(gm: GraphModule, modules: dict[str, torch.nn.Module], 
                           output_obs_node: Node) -> None:
     """Point every input observer and the output observer of a share op at the first input's
     observer instance."""
-    first = node.args[0]
+    first = next((a for a in node.args if isinstance(a, (Node, list, tuple))), None)
     inputs = list(first) if isinstance(first, (list, tuple)) else [first]
     if not inputs or not is_observer_node(inputs[0], modules):
         return
