@@ -103,6 +103,26 @@ class MixedOps(nn.Module):
         return torch.sigmoid(y + 1.0), x.size(0)
 
 
+class ConvMix(nn.Module):
+    """Conv-BN-ReLU modules mixed with functional F.conv2d (+ F.relu), cat and mean.
+    (torch's own lowering needs F.conv2d's stride / padding / dilation as lists.)"""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3)
+        self.bn = nn.BatchNorm2d(6)
+        self.relu = nn.ReLU()
+        self.w = nn.Parameter(torch.randn(6, 3, 3, 3) * 0.3)
+        self.b = nn.Parameter(torch.randn(6) * 0.1)
+        self.w2 = nn.Parameter(torch.randn(6, 6, 1, 1) * 0.3)
+
+    def forward(self, x):
+        a = self.relu(self.bn(self.conv(x)))
+        c = F.relu(F.conv2d(x, self.w, self.b, (1, 1), (0, 0), (1, 1), 1))
+        d = F.conv2d(a, self.w2, None, (2, 2), (0, 0), (1, 1), 1)
+        return torch.cat([a, c], 1).mean(), d
+
+
 def _models():
     torch.manual_seed(0)
     cnn = ResidualCNN()
@@ -114,6 +134,7 @@ def _models():
         "mlp": (MLP().eval(), lambda: torch.randn(4, 16)),
         "functional": (Functional().eval(), lambda: torch.randn(4, 10)),
         "mixed": (MixedOps().eval(), lambda: torch.randn(4, 8)),
+        "convmix": (ConvMix().eval(), lambda: torch.rand(2, 3, 8, 8)),
     }
 
 
@@ -147,13 +168,13 @@ def _both(name, mapping_pair=None, calib_batches=4):
     return model, make_input, ours, theirs
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp", "functional", "mixed"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "functional", "mixed", "convmix"])
 def test_prepare_observer_placement_matches_torch(name):
     _, _, ours, theirs = _both(name, calib_batches=1)
     assert _observer_placement(ours) == _observer_placement(theirs)
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp", "functional", "mixed"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "functional", "mixed", "convmix"])
 def test_convert_fx_matches_torch_bit_exactly(name):
     model, make_input, ours, theirs = _both(name)
     q_ours = quantize_fx.convert_fx(ours)
@@ -166,6 +187,10 @@ def test_convert_fx_matches_torch_bit_exactly(name):
     x = make_input()
     if name == "mixed":
         assert q_ours(x)[1] == 4
+        return
+    if name == "convmix":
+        assert [type(m) for m in q_ours.children()] == [nniq.ConvReLU2d, nniq.ConvReLU2d,
+                                                         nnq.Conv2d]
         return
     err = (q_ours(x) - model(x)).abs().max()
     assert err < 0.1 * model(x).abs().max() + 0.05

@@ -281,8 +281,9 @@ def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> Graph
         if node.op == "call_function" and node.target in _ADD_OPS + _MUL_OPS:
             _lower_binary(gm, modules, node)
             continue
-        if node.op == "call_function" and node.target is F.linear:
-            _lower_functional_linear(gm, modules, node)
+        if node.op == "call_function" and (node.target is F.linear
+                                            or node.target in _FUNCTIONAL_CONVS):
+            _lower_functional_weighted(gm, modules, node)
             continue
         if node.op == "call_function" and node.target is torch.cat:
             _lower_cat(gm, node)
@@ -416,10 +417,39 @@ def _attr_value(gm: GraphModule, node: Any) -> Any:
     return value
 
 
-def _lower_functional_linear(gm: GraphModule, modules: dict[str, torch.nn.Module],
-                             node: Node) -> None:
-    """``dequantize(x), dequantize(quantize(w)) -> F.linear (-> relu) -> quantize`` becomes a
-    quantized Linear / LinearReLU submodule holding the quantized weight."""
+_FUNCTIONAL_CONVS = {
+    F.conv1d: (nnq.Conv1d, nniq.ConvReLU1d),
+    F.conv2d: (nnq.Conv2d, nniq.ConvReLU2d),
+    F.conv3d: (nnq.Conv3d, nniq.ConvReLU3d),
+}
+_CONV_ARG_NAMES = ("stride", "padding", "dilation", "groups")
+_CONV_ARG_DEFAULTS = (1, 0, 1, 1)
+
+
+def _quantized_module_for_functional(node: Node, weight: torch.Tensor, bias: Any, relu: bool
+                                     ) -> Optional[torch.nn.Module]:
+    if node.target is F.linear:
+        cls = nniq.LinearReLU if relu else nnq.Linear
+        return cls(weight.shape[1], weight.shape[0], bias is not None)
+    extra = list(node.args[3:]) + [None] * (4 - len(node.args[3:]))
+    options = {}
+    for i, (name, default) in enumerate(zip(_CONV_ARG_NAMES, _CONV_ARG_DEFAULTS)):
+        value = node.kwargs.get(name, extra[i] if extra[i] is not None else default)
+        if isinstance(value, (Node, str)):
+            return None                      # dynamic or 'same'/'valid' padding: keep float
+        options[name] = value
+    cls = _FUNCTIONAL_CONVS[node.target][1 if relu else 0]
+    groups = options["groups"]
+    return cls(weight.shape[1] * groups, weight.shape[0], tuple(weight.shape[2:]),
+               stride=options["stride"], padding=options["padding"],
+               dilation=options["dilation"], groups=groups, bias=bias is not None)
+
+
+def _lower_functional_weighted(gm: GraphModule, modules: dict[str, torch.nn.Module],
+                               node: Node) -> None:
+    """``dequantize(x), dequantize(quantize(w)) -> F.linear / F.conv* (-> relu) -> quantize``
+    becomes a quantized Linear / Conv (or its ReLU-fused form) submodule holding the quantized
+    weight."""
     args = list(node.args) + [None] * (3 - len(node.args))
     x_dq, w_dq, bias_node = args[:3]
     bias_node = node.kwargs.get("bias", bias_node)
@@ -449,8 +479,9 @@ def _lower_functional_linear(gm: GraphModule, modules: dict[str, torch.nn.Module
         _, w_scale, w_zp, name = w_quant.args
         w_q = _quantize_per_tensor(weight.detach(), float(_attr_value(gm, w_scale)),
                                    int(_attr_value(gm, w_zp)), _dt.qdtype_of(name))
-    cls = nniq.LinearReLU if relu else nnq.Linear
-    qlinear = cls(weight.shape[1], weight.shape[0], bias is not None)
+    qlinear = _quantized_module_for_functional(node, weight, bias, relu)
+    if qlinear is None:
+        return
     qlinear.set_weight_bias(w_q, None if bias is None else bias.detach())
     qlinear.scale, qlinear.zero_point = scale, zp
     i = 0
