@@ -123,6 +123,18 @@ class ConvMix(nn.Module):
         return torch.cat([a, c], 1).mean(), d
 
 
+class SliceCat(nn.Module):
+    """A slice (operator.getitem, no pattern: float) feeding cat, which observes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3)
+        self.conv2 = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return torch.cat([self.conv(x)[:, :4], self.conv2(x)], 1)
+
+
 def _models():
     torch.manual_seed(0)
     cnn = ResidualCNN()
@@ -135,6 +147,7 @@ def _models():
         "functional": (Functional().eval(), lambda: torch.randn(4, 10)),
         "mixed": (MixedOps().eval(), lambda: torch.randn(4, 8)),
         "convmix": (ConvMix().eval(), lambda: torch.rand(2, 3, 8, 8)),
+        "slicecat": (SliceCat().eval(), lambda: torch.rand(2, 3, 8, 8)),
     }
 
 
@@ -168,13 +181,13 @@ def _both(name, mapping_pair=None, calib_batches=4):
     return model, make_input, ours, theirs
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp", "functional", "mixed", "convmix"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "functional", "mixed", "convmix", "slicecat"])
 def test_prepare_observer_placement_matches_torch(name):
     _, _, ours, theirs = _both(name, calib_batches=1)
     assert _observer_placement(ours) == _observer_placement(theirs)
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp", "functional", "mixed", "convmix"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "functional", "mixed", "convmix", "slicecat"])
 def test_convert_fx_matches_torch_bit_exactly(name):
     model, make_input, ours, theirs = _both(name)
     q_ours = quantize_fx.convert_fx(ours)

@@ -355,9 +355,9 @@ def _insert_input_observers(gm: GraphModule, modules: dict[str, torch.nn.Module]
     for index, arg in positions:
         if not isinstance(arg, Node):
             continue
-        if index == bias_index or index == "bias":
+        if index is not None and (index == bias_index or index == "bias"):
             continue
-        if index == weight_index or index == "weight":
+        if index is not None and (index == weight_index or index == "weight"):
             if not _is_quantized_dtype(plan.dtype_config.weight_dtype):
                 continue
             make = plan.qconfig.weight
