@@ -500,3 +500,48 @@ def test_converted_model_compiles_fullgraph():
     q = quantize_fx.convert_fx(ours)
     x = make_input()
     torch.testing.assert_close(torch.compile(q, fullgraph=True)(x), q(x), rtol=0, atol=0)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        return F.relu(torch.add(self.conv(x), x))
+
+
+class Nested(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 1)
+        self.block1 = Block()
+        self.block2 = Block()
+
+    def forward(self, x):
+        return self.block2(self.block1(self.stem(x)))
+
+
+@pytest.mark.parametrize("disable", ["block2", "block1.conv"])
+def test_module_name_applies_to_submodule_functions_like_torch(disable):
+    # a module_name entry covers the functional ops traced inside that module's forward
+    torch.manual_seed(0)
+    model = Nested().eval()
+    example = (torch.rand(2, 3, 6, 6),)
+    ours_map = get_default_qconfig_mapping("x86").set_module_name(disable, None)
+    theirs_map = ao.get_default_qconfig_mapping("x86").set_module_name(disable, None)
+    ours = quantize_fx.prepare_fx(model, ours_map, example)
+    theirs = ao_fx.prepare_fx(copy.deepcopy(model), theirs_map, example)
+    assert _observer_placement(ours) == _observer_placement(theirs)
+    for _ in range(3):
+        x = torch.rand(2, 3, 6, 6)
+        ours(x)
+        theirs(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q_ours = quantize_fx.convert_fx(ours)
+    q_theirs = ao_fx.convert_fx(theirs)
+    assert [type(m).__name__ for _, m in q_ours.named_modules()][1:] == \
+        [type(m).__name__ for _, m in q_theirs.named_modules()][1:]
+    x = torch.rand(2, 3, 6, 6)
+    torch.testing.assert_close(q_ours(x), q_theirs(x), rtol=0, atol=0)
