@@ -267,6 +267,13 @@ def plan_patterns(gm: GraphModule, modules: dict[str, torch.nn.Module],
         input_type_to_index = _root_input_type_to_index(root, modules, configs, config)
         weighted = input_type_to_index.get("weight") is not None or (
             root.op == "call_module" and hasattr(modules[str(root.target)], "weight"))
+        if getattr(qconfig.activation(), "is_dynamic", False):
+            float_reasons[last.name] = "dynamic qconfig (not supported by FX yet)"
+            warnings.warn(f"FX prepare: node '{last.name}' has a dynamic qconfig; dynamic "
+                          "quantization is not supported by torchquant's FX workflow yet (use "
+                          "torchquant.quantization.quantize_dynamic); it is left in float",
+                          stacklevel=3)
+            continue
         dtype_config = dtype_config_for(qconfig, config.dtype_configs, weighted)
         if dtype_config is None:
             float_reasons[last.name] = "qconfig does not satisfy any DTypeConfig of the pattern"
