@@ -1,0 +1,496 @@
+"""``convert_fx``'s passes: observers -> quantize/dequantize nodes and weighted modules ->
+reference modules (the reference model), then lowering of ``dequantize -> float op -> quantize``
+patterns to torchquant's quantized modules and ops.
+
+Reference representation: an observed edge ``x`` becomes ``quantize_per_tensor(x, _scale_<n>,
+_zero_point_<n>, "<qdtype name>")`` (qparams are GraphModule buffers read by ``get_attr``
+nodes) followed by one ``dequantize`` per use.  ``quantize_per_tensor`` / ``quantize_per_channel``
+here are thin graph functions taking the qdtype by name so the generated code needs no
+torchquant globals.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.fx import GraphModule, Node
+
+from ... import dtypes as _dt
+from ...tensor_functions import quantize_per_channel as _quantize_per_channel
+from ...tensor_functions import quantize_per_tensor as _quantize_per_tensor
+from ...nn import intrinsic as nni
+from ...nn.intrinsic import quantized as nniq
+from ...nn import quantized as nnq
+from ...nn.quantized import _binary
+from ...nn.quantized import reference as nnqr
+from ..backend_config import BackendConfig
+from ..backend_config.utils import get_root_module_to_quantized_reference_module
+from ..fake_quantize import FakeQuantizeBase
+from ..observer import ObserverBase
+from ..utils import get_qparam_dict, is_per_channel
+from .fuse import _set_module
+
+__all__ = ["quantize_per_tensor", "quantize_per_channel", "convert_to_reference",
+           "lower_to_torchquant"]
+
+
+def quantize_per_tensor(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                        qdtype_name: str) -> torch.Tensor:
+    """Graph form of :func:`torchquant.quantize_per_tensor` (qdtype by name)."""
+    return _quantize_per_tensor(x, float(scale), int(zero_point), _dt.qdtype_of(qdtype_name))
+
+
+def quantize_per_channel(x: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
+                         axis: int, qdtype_name: str) -> torch.Tensor:
+    """Graph form of :func:`torchquant.quantize_per_channel` (qdtype by name)."""
+    return _quantize_per_channel(x, scales, zero_points, axis, _dt.qdtype_of(qdtype_name))
+
+
+_QUANTIZE_FUNCTIONS = (quantize_per_tensor, quantize_per_channel)
+
+
+def _is_observer(module: Any) -> bool:
+    return isinstance(module, (ObserverBase, FakeQuantizeBase))
+
+
+def _new_buffer_name(gm: GraphModule, prefix: str) -> str:
+    i = 0
+    while hasattr(gm, f"{prefix}{i}"):
+        i += 1
+    return f"{prefix}{i}"
+
+
+def _get_attr_node(gm: GraphModule, prefix: str, value: torch.Tensor) -> Node:
+    name = _new_buffer_name(gm, prefix)
+    gm.register_buffer(name, value)
+    return gm.graph.create_node("get_attr", name, (), {})
+
+
+def _replace_observer(gm: GraphModule, node: Node, observer: torch.nn.Module) -> None:
+    """observer node -> quantize node + one dequantize per use (or nothing for float)."""
+    graph = gm.graph
+    source = node.args[0]
+    dtype = observer.dtype
+    if getattr(observer, "is_dynamic", False):
+        raise NotImplementedError("FX convert: dynamic activation observers are not supported "
+                                  f"yet (observer {node.target})")
+    if not _dt.is_qdtype_like(dtype) or dtype in (torch.float16, torch.float32):
+        node.replace_all_uses_with(source)
+        graph.erase_node(node)
+        return
+    qdtype = _dt.to_qdtype(dtype)
+    scale, zero_point = observer.calculate_qparams()
+    with graph.inserting_before(node):
+        if is_per_channel(getattr(observer, "qscheme", None)):
+            scale_node = _get_attr_node(gm, "_scale_", scale.detach().clone())
+            zp_node = _get_attr_node(gm, "_zero_point_", zero_point.detach().clone())
+            quant = graph.call_function(quantize_per_channel,
+                                        (source, scale_node, zp_node, int(observer.ch_axis),
+                                         qdtype.name))
+        else:
+            scale_node = _get_attr_node(gm, "_scale_",
+                                        torch.tensor(float(scale), dtype=torch.float32))
+            zp_node = _get_attr_node(gm, "_zero_point_",
+                                     torch.tensor(int(zero_point), dtype=torch.int64))
+            quant = graph.call_function(quantize_per_tensor,
+                                        (source, scale_node, zp_node, qdtype.name))
+    for user in list(node.users):
+        with graph.inserting_before(user):
+            dequant = graph.call_method("dequantize", (quant,))
+        user.replace_input_with(node, dequant)
+    graph.erase_node(node)
+
+
+_QAT_TO_FLOAT_NEEDED = "to_float"
+
+
+def _reference_for(module: torch.nn.Module, qconfig: Any, root_to_ref: dict[type, type]
+                   ) -> Optional[torch.nn.Module]:
+    """The reference module for a float / fused / QAT weighted module (fused: element 0 is
+    replaced, the container stays); None when the backend config has no reference module."""
+    weight_post_process = None
+    if hasattr(module, "weight_fake_quant") and hasattr(module, "to_float"):
+        weight_post_process = module.weight_fake_quant
+        module = module.to_float()
+    float_module = module[0] if isinstance(module, torch.nn.Sequential) else module
+    ref_cls = root_to_ref.get(type(float_module))
+    if ref_cls is None or not hasattr(float_module, "weight"):
+        return None
+    if weight_post_process is None:
+        weight_post_process = qconfig.weight()
+    weight_post_process(float_module.weight)
+    ref = ref_cls.from_float(float_module, get_qparam_dict(weight_post_process))
+    if isinstance(module, torch.nn.Sequential):
+        module[0] = ref
+        return module
+    return ref
+
+
+def convert_to_reference(gm: GraphModule, backend_config: BackendConfig,
+                         quantized_roots: dict[str, Any]) -> GraphModule:
+    """Reference model, in place on ``gm`` (already a copy)."""
+    modules = dict(gm.named_modules(remove_duplicate=False))
+    root_to_ref = get_root_module_to_quantized_reference_module(backend_config)
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module":
+            continue
+        module = modules[str(node.target)]
+        if _is_observer(module):
+            _replace_observer(gm, node, module)
+        elif node.name in quantized_roots:
+            qconfig = getattr(module, "qconfig", None)
+            if qconfig is None:
+                continue
+            ref = _reference_for(module, qconfig, root_to_ref)
+            if ref is not None:
+                _set_module(gm, str(node.target), ref)
+    for name, module in list(gm.named_modules(remove_duplicate=False)):
+        if hasattr(module, "qconfig"):
+            try:
+                del module.qconfig
+            except AttributeError:
+                pass
+    gm.graph.eliminate_dead_code()
+    for name, module in list(gm._modules.items()):
+        if _is_observer(module):
+            delattr(gm, name)
+    gm.delete_all_unused_submodules()
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+# ---------------------------------------------------------------------------------------------
+# lowering
+
+_LOWER_MODULES: dict[type, type] = {
+    nnqr.Linear: nnq.Linear,
+    nnqr.Conv1d: nnq.Conv1d,
+    nnqr.Conv2d: nnq.Conv2d,
+    nnqr.Conv3d: nnq.Conv3d,
+}
+_LOWER_FUSED_MODULES: dict[type, tuple[type, type]] = {
+    nni.LinearReLU: (nnqr.Linear, nniq.LinearReLU),
+    nni.ConvReLU1d: (nnqr.Conv1d, nniq.ConvReLU1d),
+    nni.ConvReLU2d: (nnqr.Conv2d, nniq.ConvReLU2d),
+    nni.ConvReLU3d: (nnqr.Conv3d, nniq.ConvReLU3d),
+}
+# ops that run on a QTensor and keep its qparams: a dequantize -> op -> quantize island around
+# them is removed whatever the backend config says (torch's lowering does the same)
+_COPY_MODULES = (torch.nn.ReLU, torch.nn.ReLU6, torch.nn.Hardtanh, torch.nn.Identity,
+                 torch.nn.MaxPool1d, torch.nn.MaxPool2d, torch.nn.MaxPool3d,
+                 torch.nn.AvgPool1d, torch.nn.AvgPool2d, torch.nn.AvgPool3d,
+                 torch.nn.AdaptiveAvgPool1d, torch.nn.AdaptiveAvgPool2d,
+                 torch.nn.AdaptiveAvgPool3d)
+_COPY_FUNCTIONS = (F.relu, torch.relu, F.relu6, F.hardtanh, F.max_pool1d, F.max_pool2d,
+                   F.max_pool3d, F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.adaptive_avg_pool1d,
+                   F.adaptive_avg_pool2d, F.adaptive_avg_pool3d, F.interpolate, torch.clamp,
+                   torch.mean, torch.flatten, torch.transpose, torch.squeeze, torch.unsqueeze,
+                   torch.repeat_interleave)
+_COPY_METHODS = ("relu", "relu_", "clamp", "mean", "contiguous", "detach", "detach_", "permute",
+                 "repeat", "repeat_interleave", "reshape", "resize_", "squeeze", "squeeze_",
+                 "transpose", "unsqueeze", "unsqueeze_", "view", "flatten")
+# fixed-qparams ops: the QTensor op produces its fixed output qparams
+_FIXED_QPARAMS_MODULES = (torch.nn.Sigmoid, torch.nn.Tanh, torch.nn.Hardsigmoid)
+_FIXED_QPARAMS_FUNCTIONS = (torch.sigmoid, torch.tanh, F.hardsigmoid)
+_FIXED_QPARAMS_METHODS = ("sigmoid", "sigmoid_", "tanh", "tanh_", "hardsigmoid", "hardsigmoid_")
+_ADD_OPS = (operator.add, torch.add)
+_MUL_OPS = (operator.mul, torch.mul)
+_RELU_FUNCTIONS = (F.relu, torch.relu)
+
+
+def _is_quantize(node: Any) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and \
+        node.target in _QUANTIZE_FUNCTIONS
+
+
+def _is_dequantize(node: Any) -> bool:
+    """A ``dequantize`` of a value whose quantization parameters are known (a quantize node or
+    an already lowered quantized node)."""
+    return isinstance(node, Node) and node.op == "call_method" and node.target == "dequantize" \
+        and isinstance(node.args[0], Node) and "torchquant_qparams" in node.args[0].meta
+
+
+def _qparams(gm: GraphModule, node: Node) -> tuple[float, int]:
+    """Output qparams of a quantize node or of a lowered quantized node."""
+    return node.meta["torchquant_qparams"]
+
+
+def _record_quantize_qparams(gm: GraphModule) -> None:
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is quantize_per_tensor:
+            _, scale_node, zp_node, _ = node.args
+            node.meta["torchquant_qparams"] = (float(getattr(gm, str(scale_node.target))),
+                                               int(getattr(gm, str(zp_node.target))))
+
+
+def _single_quantize_user(node: Node) -> Optional[Node]:
+    users = list(node.users)
+    if len(users) == 1 and _is_quantize(users[0]) and users[0].target is quantize_per_tensor:
+        return users[0]
+    return None
+
+
+def _is_relu(node: Node, modules: dict[str, torch.nn.Module]) -> bool:
+    return ((node.op == "call_module" and type(modules.get(str(node.target))) is torch.nn.ReLU)
+            or (node.op == "call_function" and node.target in _RELU_FUNCTIONS)
+            or (node.op == "call_method" and node.target == "relu"))
+
+
+def _finish(gm: GraphModule, lowered: Node, quant_out: Node, dropped: list[Node]) -> None:
+    quant_out.replace_all_uses_with(lowered)
+    graph = gm.graph
+    graph.erase_node(quant_out)
+    for node in dropped:
+        if not node.users:
+            graph.erase_node(node)
+
+
+def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> GraphModule:
+    """Replace quantizable ``dequantize -> op -> quantize`` islands by torchquant quantized
+    modules / QTensor ops, in place."""
+    graph = gm.graph
+    modules = dict(gm.named_modules(remove_duplicate=False))
+    _record_quantize_qparams(gm)
+    for node in list(graph.nodes):
+        if getattr(node, "_erased", False) or node.op not in ("call_module", "call_function",
+                                                       "call_method"):
+            continue
+        if node.op == "call_module":
+            module = modules.get(str(node.target))
+            lowered_cls = None
+            if type(module) in _LOWER_MODULES:
+                lowered_cls = _LOWER_MODULES[type(module)]
+            elif type(module) in _LOWER_FUSED_MODULES and \
+                    type(module[0]) is _LOWER_FUSED_MODULES[type(module)][0]:
+                lowered_cls = _LOWER_FUSED_MODULES[type(module)][1]
+            if lowered_cls is not None:
+                dq = node.args[0]
+                quant_out = _single_quantize_user(node)
+                if len(node.args) == 1 and _is_dequantize(dq) and quant_out is not None:
+                    scale, zp = _qparams(gm, quant_out)
+                    qmod = lowered_cls.from_reference(module, scale, zp)
+                    _set_module(gm, str(node.target), qmod)
+                    modules[str(node.target)] = qmod
+                    node.args = (dq.args[0],)
+                    node.meta["torchquant_qparams"] = (scale, zp)
+                    _finish(gm, node, quant_out, [dq])
+                continue
+        if node.op == "call_function" and node.target in _ADD_OPS + _MUL_OPS:
+            _lower_binary(gm, modules, node)
+            continue
+        if node.op == "call_function" and (node.target is F.linear
+                                            or node.target in _FUNCTIONAL_CONVS):
+            _lower_functional_weighted(gm, modules, node)
+            continue
+        if node.op == "call_function" and node.target is torch.cat:
+            _lower_cat(gm, node)
+            continue
+        if (node.op == "call_module" and type(modules.get(str(node.target))) in _COPY_MODULES) or (
+                node.op == "call_function" and node.target in _COPY_FUNCTIONS) or (
+                node.op == "call_method" and node.target in _COPY_METHODS):
+            _lower_share(gm, node)
+        elif (node.op == "call_module" and type(modules.get(str(node.target))) in
+              _FIXED_QPARAMS_MODULES) or (
+                node.op == "call_function" and node.target in _FIXED_QPARAMS_FUNCTIONS) or (
+                node.op == "call_method" and node.target in _FIXED_QPARAMS_METHODS):
+            _lower_share(gm, node, keep_output_qparams=True)
+    _inline_quantize_qparams(gm)
+    graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+    graph.lint()
+    gm.recompile()
+    return gm
+
+
+def _inline_quantize_qparams(gm: GraphModule) -> None:
+    """Remaining per-tensor quantize nodes take their qparams as constants (no tensor ``.item()``
+    in the lowered graph, so torch.export / torch.compile see no data-dependent values); their
+    qparam buffers are dropped."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is quantize_per_tensor and \
+                "torchquant_qparams" in node.meta:
+            x, scale_node, zp_node, name = node.args
+            scale, zero_point = node.meta["torchquant_qparams"]
+            node.args = (x, scale, zero_point, name)
+            for attr in (scale_node, zp_node):
+                if isinstance(attr, Node) and not attr.users:
+                    gm.graph.erase_node(attr)
+                    if hasattr(gm, str(attr.target)):
+                        delattr(gm, str(attr.target))
+
+
+def _lower_binary(gm: GraphModule, modules: dict[str, torch.nn.Module], node: Node) -> None:
+    if len(node.args) != 2 or node.kwargs:
+        return
+    a, b = node.args
+    if isinstance(a, (int, float)) and node.target in _ADD_OPS + _MUL_OPS:
+        a, b = b, a
+    if _is_dequantize(a) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        _lower_binary_scalar(gm, modules, node, a, float(b))
+        return
+    if not (_is_dequantize(a) and _is_dequantize(b)):
+        return
+    relu = False
+    tail = node
+    users = list(node.users)
+    if len(users) == 1 and _is_relu(users[0], modules):
+        relu, tail = True, users[0]
+    quant_out = _single_quantize_user(tail)
+    if quant_out is None:
+        return
+    scale, zp = _qparams(gm, quant_out)
+    op = _binary.add if node.target in _ADD_OPS else _binary.mul
+    with gm.graph.inserting_before(node):
+        lowered = gm.graph.call_function(op, (a.args[0], b.args[0], scale, zp),
+                                         {"relu": True} if relu else {})
+    lowered.meta["torchquant_qparams"] = (scale, zp)
+    _finish(gm, lowered, quant_out, ([tail] if relu else []) + [node, a, b])
+
+
+def _lower_binary_scalar(gm: GraphModule, modules: dict[str, torch.nn.Module], node: Node,
+                         dq: Node, other: float) -> None:
+    """``dequantize(x) + c`` / ``* c`` -> quantized add_scalar / mul_scalar (the output qparams
+    follow from the input's, as in torch's quantized ops)."""
+    relu = False
+    tail = node
+    users = list(node.users)
+    if len(users) == 1 and _is_relu(users[0], modules):
+        relu, tail = True, users[0]
+    quant_out = _single_quantize_user(tail)
+    if quant_out is None:
+        return
+    with gm.graph.inserting_before(node):
+        if node.target in _ADD_OPS:
+            lowered = gm.graph.call_function(_binary.add_scalar, (dq.args[0], other),
+                                             {"relu": True} if relu else {})
+        else:
+            lowered = gm.graph.call_function(_binary.mul_scalar, (dq.args[0], other))
+            if relu:
+                lowered = gm.graph.call_function(torch.relu, (lowered,))
+    lowered.meta["torchquant_qparams"] = _qparams(gm, dq.args[0])
+    _finish(gm, lowered, quant_out, ([tail] if relu else []) + [node, dq])
+
+
+def _lower_cat(gm: GraphModule, node: Node) -> None:
+    tensors = node.args[0]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    if not isinstance(tensors, (list, tuple)) or not all(_is_dequantize(t) for t in tensors):
+        return
+    quant_out = _single_quantize_user(node)
+    if quant_out is None:
+        return
+    scale, zp = _qparams(gm, quant_out)
+    with gm.graph.inserting_before(node):
+        lowered = gm.graph.call_function(_binary.cat, ([t.args[0] for t in tensors], dim, scale,
+                                                       zp))
+    lowered.meta["torchquant_qparams"] = (scale, zp)
+    _finish(gm, lowered, quant_out, [node, *tensors])
+
+
+def _lower_share(gm: GraphModule, node: Node, keep_output_qparams: bool = False) -> None:
+    """A copy / shape op (pooling, relu, flatten, view ...) between dequantize and quantize runs
+    directly on the QTensor and keeps its input's qparams; the quantize after it is dropped even
+    when its qparams differ (torch's lowering does the same: the op's output inherits the
+    input's scale and zero point)."""
+    if not node.args or not _is_dequantize(node.args[0]):
+        return
+    dq = node.args[0]
+    quant_out = _single_quantize_user(node)
+    if quant_out is None:
+        return
+    node.args = (dq.args[0], *node.args[1:])
+    node.meta["torchquant_qparams"] = _qparams(gm, quant_out if keep_output_qparams
+                                               else dq.args[0])
+    _finish(gm, node, quant_out, [dq])
+
+def _attr_value(gm: GraphModule, node: Any) -> Any:
+    if node is None:
+        return None
+    if not (isinstance(node, Node) and node.op == "get_attr"):
+        raise ValueError
+    value: Any = gm
+    for part in str(node.target).split("."):
+        value = getattr(value, part)
+    return value
+
+
+_FUNCTIONAL_CONVS = {
+    F.conv1d: (nnq.Conv1d, nniq.ConvReLU1d),
+    F.conv2d: (nnq.Conv2d, nniq.ConvReLU2d),
+    F.conv3d: (nnq.Conv3d, nniq.ConvReLU3d),
+}
+_CONV_ARG_NAMES = ("stride", "padding", "dilation", "groups")
+_CONV_ARG_DEFAULTS = (1, 0, 1, 1)
+
+
+def _quantized_module_for_functional(node: Node, weight: torch.Tensor, bias: Any, relu: bool
+                                     ) -> Optional[torch.nn.Module]:
+    if node.target is F.linear:
+        cls = nniq.LinearReLU if relu else nnq.Linear
+        return cls(weight.shape[1], weight.shape[0], bias is not None)
+    extra = list(node.args[3:]) + [None] * (4 - len(node.args[3:]))
+    options = {}
+    for i, (name, default) in enumerate(zip(_CONV_ARG_NAMES, _CONV_ARG_DEFAULTS)):
+        value = node.kwargs.get(name, extra[i] if extra[i] is not None else default)
+        if isinstance(value, (Node, str)):
+            return None                      # dynamic or 'same'/'valid' padding: keep float
+        options[name] = value
+    cls = _FUNCTIONAL_CONVS[node.target][1 if relu else 0]
+    groups = options["groups"]
+    return cls(weight.shape[1] * groups, weight.shape[0], tuple(weight.shape[2:]),
+               stride=options["stride"], padding=options["padding"],
+               dilation=options["dilation"], groups=groups, bias=bias is not None)
+
+
+def _lower_functional_weighted(gm: GraphModule, modules: dict[str, torch.nn.Module],
+                               node: Node) -> None:
+    """``dequantize(x), dequantize(quantize(w)) -> F.linear / F.conv* (-> relu) -> quantize``
+    becomes a quantized Linear / Conv (or its ReLU-fused form) submodule holding the quantized
+    weight."""
+    args = list(node.args) + [None] * (3 - len(node.args))
+    x_dq, w_dq, bias_node = args[:3]
+    bias_node = node.kwargs.get("bias", bias_node)
+    if not (_is_dequantize(x_dq) and isinstance(w_dq, Node) and w_dq.op == "call_method"
+            and w_dq.target == "dequantize" and _is_quantize(w_dq.args[0])):
+        return
+    w_quant = w_dq.args[0]
+    try:
+        weight = _attr_value(gm, w_quant.args[0])
+        bias = _attr_value(gm, bias_node)
+    except ValueError:
+        return
+    relu = False
+    tail = node
+    users = list(node.users)
+    if len(users) == 1 and _is_relu(users[0], modules):
+        relu, tail = True, users[0]
+    quant_out = _single_quantize_user(tail)
+    if quant_out is None:
+        return
+    scale, zp = _qparams(gm, quant_out)
+    if w_quant.target is quantize_per_channel:
+        _, scales, zps, axis, name = w_quant.args
+        w_q = _quantize_per_channel(weight.detach(), _attr_value(gm, scales),
+                                    _attr_value(gm, zps), axis, _dt.qdtype_of(name))
+    else:
+        _, w_scale, w_zp, name = w_quant.args
+        w_q = _quantize_per_tensor(weight.detach(), float(_attr_value(gm, w_scale)),
+                                   int(_attr_value(gm, w_zp)), _dt.qdtype_of(name))
+    qlinear = _quantized_module_for_functional(node, weight, bias, relu)
+    if qlinear is None:
+        return
+    qlinear.set_weight_bias(w_q, None if bias is None else bias.detach())
+    qlinear.scale, qlinear.zero_point = scale, zp
+    i = 0
+    while hasattr(gm, f"{node.name}_quantized_{i}"):
+        i += 1
+    module_name = f"{node.name}_quantized_{i}"
+    gm.add_submodule(module_name, qlinear)
+    modules[module_name] = qlinear
+    with gm.graph.inserting_before(node):
+        lowered = gm.graph.call_module(module_name, (x_dq.args[0],))
+    lowered.meta["torchquant_qparams"] = (scale, zp)
+    _finish(gm, lowered, quant_out, ([tail] if relu else []) + [node, x_dq, w_dq])
