@@ -78,7 +78,10 @@ def _count(gm: torch.fx.GraphModule, word: str) -> int:
 
 def _prepare_both(name, ao_quantizer, tq_quantizer, qat=False):
     model, inputs = _float_model(name)
-    theirs_in, ours_in = _export(model, inputs), _export(model, inputs)
+    # exports share the model's parameter tensors: one copy each, so training one flow does not
+    # move the other's weights
+    theirs_in = _export(copy.deepcopy(model), inputs)
+    ours_in = _export(copy.deepcopy(model), inputs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torchao: "XNNPACKQuantizer is deprecated!"
         if qat:
