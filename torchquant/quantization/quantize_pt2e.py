@@ -17,7 +17,8 @@ from torch.fx import GraphModule
 
 from .pt2e import convert as _convert
 from .pt2e import prepare as _prepare
-from .pt2e.utils import disallow_train_eval, fold_bn_into_weighted_ops, is_observer_node
+from .pt2e.utils import (disallow_train_eval, fold_bn_into_weighted_ops, is_observer_node,
+                         set_graph_train_mode)
 from .quantizer.quantizer import Q_ANNOTATION_KEY, Quantizer
 from .quantizer.utils import is_valid_annotation
 
@@ -84,7 +85,8 @@ def convert_pt2e(model: GraphModule, use_reference_representation: bool = False,
                  fold_quantize: bool = True) -> GraphModule:
     """Replace each observer / fake quant of a prepared model by quantize -> dequantize ops
     (``torch.ops.torchquant``); with ``fold_quantize`` the quantized weights are stored as
-    integer tensors feeding a dequantize."""
+    integer tensors feeding a dequantize.  The result's dropout / batch_norm ops run in eval
+    mode."""
     if not isinstance(use_reference_representation, bool):
         raise ValueError("use_reference_representation must be a bool, got "
                          f"{use_reference_representation!r} (a positional argument meant for "
@@ -107,5 +109,6 @@ def convert_pt2e(model: GraphModule, use_reference_representation: bool = False,
         _convert.fold_quantize_constants(model)
     model.graph.lint()
     model.recompile()
+    set_graph_train_mode(model, False)  # a converted model runs in eval mode (as torchao's)
     model.meta.update(original_meta)
     return model

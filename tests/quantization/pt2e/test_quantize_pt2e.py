@@ -395,3 +395,61 @@ def test_bad_inputs():
         convert_pt2e(_export(model, inputs))
     with pytest.raises(ValueError, match="use_reference_representation"):
         convert_pt2e(_export(model, inputs), "yes")
+
+
+# --------------------------------------------------------------------------------------------
+# more configs, dynamic shapes
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("config", [{"is_dynamic": True}, {"reduce_range": True}],
+                         ids=["dynamic", "reduce_range"])
+def test_x86_inductor_dynamic_and_reduce_range(config):
+    model, inputs, theirs, ours = _run_flow(
+        "mlp", ao_x86.X86InductorQuantizer().set_global(
+            ao_x86.get_default_x86_inductor_quantization_config(**config)),
+        tq_x86.X86InductorQuantizer().set_global(
+            tq_x86.get_default_x86_inductor_quantization_config(**config)))
+    for batch in [inputs] + _calibration(inputs, 2):
+        a, b = _outputs(theirs, batch)[0], _outputs(ours, batch)[0]
+        if config.get("is_dynamic"):  # qparams rule differs, see test_xnnpack_dynamic_linear
+            assert _sqnr(a, b) > 40
+        else:
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("is_dynamic", [False, True], ids=["static", "dynamic"])
+def test_dynamic_batch_dim_survives_prepare_and_convert(is_dynamic):
+    model, inputs = _float_model("mlp")
+    batch = torch.export.Dim("batch")
+    gm = torch.export.export(model, inputs, dynamic_shapes=({0: batch},)).module()
+    gm = prepare_pt2e(gm, tq_xnn.XNNPACKQuantizer().set_global(
+        tq_xnn.get_symmetric_quantization_config(is_dynamic=is_dynamic)))
+    gm(torch.randn(3, 16))
+    gm(torch.randn(7, 16))
+    converted = convert_pt2e(gm)
+    assert converted(torch.randn(5, 16)).shape == (5, 4)
+    again = torch.export.export(converted, (torch.randn(5, 16),), dynamic_shapes=({0: batch},))
+    x = torch.randn(9, 16)
+    assert torch.equal(again.module()(x), converted(x))
+
+
+def test_convert_switches_graph_to_eval():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.drop = nn.Dropout(0.5)
+
+        def forward(self, x):
+            return self.drop(self.fc(x))
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    gm = torch.export.export(M().train(), (x,)).module()
+    assert any(n.target is torch.ops.aten.dropout.default and n.args[2]
+               for n in gm.graph.nodes)
+    gm = prepare_qat_pt2e(gm, tq_xnn.XNNPACKQuantizer().set_global(
+        tq_xnn.get_symmetric_quantization_config(is_qat=True)))
+    gm(x)
+    converted = convert_pt2e(gm)
+    assert torch.equal(converted(x), converted(x))  # no dropout left active

@@ -12,7 +12,7 @@ from torch.fx import GraphModule, Node
 from ..observer import _is_activation_post_process
 
 __all__ = ["fold_bn_into_weighted_ops", "disallow_train_eval", "is_observer_node",
-           "get_tensor_attr", "set_tensor_attr"]
+           "get_tensor_attr", "set_tensor_attr", "set_graph_train_mode"]
 
 _CONV_OPS = {torch.ops.aten.conv1d.default: False, torch.ops.aten.conv2d.default: False,
              torch.ops.aten.conv3d.default: False,
@@ -167,4 +167,23 @@ def disallow_train_eval(model: GraphModule) -> GraphModule:
     prepared models do)."""
     model.train = types.MethodType(_refuse_train_eval, model)  # type: ignore[method-assign]
     model.eval = types.MethodType(_refuse_eval, model)  # type: ignore[method-assign]
+    return model
+
+
+def set_graph_train_mode(model: GraphModule, train: bool) -> GraphModule:
+    """Switch the exported graph's ``aten.dropout`` and ``aten.batch_norm`` calls to training
+    (``train=True``) or eval semantics in place -- what ``.train()`` / ``.eval()`` would do on
+    the eager model (torchao's ``move_exported_model_to_train`` / ``_eval``)."""
+    changed = False
+    for node in model.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is torch.ops.aten.dropout.default and len(node.args) > 2:
+            node.args = (*node.args[:2], train, *node.args[3:])
+            changed = True
+        elif node.target is torch.ops.aten.batch_norm.default and len(node.args) > 5:
+            node.args = (*node.args[:5], train, *node.args[6:])
+            changed = True
+    if changed:
+        model.recompile()
     return model
