@@ -17,6 +17,7 @@ from torch.fx import GraphModule
 
 from .pt2e import convert as _convert
 from .pt2e import prepare as _prepare
+from .pt2e import qat as _qat
 from .pt2e.utils import (disallow_train_eval, fold_bn_into_weighted_ops, is_observer_node,
                          set_graph_train_mode)
 from .quantizer.quantizer import Q_ANNOTATION_KEY, Quantizer
@@ -55,6 +56,8 @@ def _prepare_common(model: GraphModule, quantizer: Quantizer, is_qat: bool,
     quantizer.annotate(model)
     quantizer.validate(model)
     _warn_if_nothing_annotated(model, fn)
+    if is_qat:
+        _qat.fuse_conv_bn_for_qat(model)
     model = _prepare.prepare(model, is_qat=is_qat,
                              obs_or_fq_callback=quantizer.prepare_obs_or_fq_callback)
     model.meta.update(original_meta)
@@ -71,12 +74,10 @@ def prepare_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
 
 
 def prepare_qat_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
-    """As :func:`prepare_pt2e` for quantization-aware training: BN is kept and the quantizer's
-    (QAT) specs insert fake-quant modules; train the result, then :func:`convert_pt2e`.
-
-    Not yet done: torchao rewrites conv+bn into its QAT pattern (weights scaled by the BN
-    statistics before their fake quant) and folds BN back at convert; here conv and BN stay as
-    exported, so a conv's weight fake quant sees the unscaled weight."""
+    """As :func:`prepare_pt2e` for quantization-aware training: the quantizer's (QAT) specs
+    insert fake-quant modules, and each conv + BN is rewritten so the weight fake quant sees the
+    BN-scaled weight (BN itself stays, with batch statistics in training); train the result,
+    then :func:`convert_pt2e` folds BN back into the conv."""
     _check_inputs(model, quantizer, "prepare_qat_pt2e")
     return _prepare_common(model, quantizer, is_qat=True, fn="prepare_qat_pt2e")
 
@@ -103,6 +104,7 @@ def convert_pt2e(model: GraphModule, use_reference_representation: bool = False,
         raise NotImplementedError("convert_pt2e(use_reference_representation=True) is not "
                                   "implemented yet in torchquant; use the default q/dq form")
     original_meta = dict(model.meta)
+    _qat.fold_conv_bn_after_qat(model)
     model = _convert.convert(model)
     _convert.duplicate_dequantize(model)
     if fold_quantize:

@@ -453,3 +453,40 @@ def test_convert_switches_graph_to_eval():
     gm(x)
     converted = convert_pt2e(gm)
     assert torch.equal(converted(x), converted(x))  # no dropout left active
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per_tensor", "per_channel"])
+def test_qat_conv_bn_matches_torchao(per_channel):
+    """conv + BN in QAT: the weight fake quant sees the BN-scaled weight during training and
+    convert folds BN (running statistics) back into the conv -- step for step as torchao."""
+    cls, make_inputs = MODELS["conv_bn_relu"]
+    torch.manual_seed(0)
+    model = cls().train()
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    inputs = make_inputs()
+    theirs = ao_pt2e.prepare_qat_pt2e(
+        _export(copy.deepcopy(model), inputs), ao_xnn.XNNPACKQuantizer().set_global(
+            ao_xnn.get_symmetric_quantization_config(is_qat=True, is_per_channel=per_channel)))
+    ours = prepare_qat_pt2e(
+        _export(copy.deepcopy(model), inputs), tq_xnn.XNNPACKQuantizer().set_global(
+            tq_xnn.get_symmetric_quantization_config(is_qat=True, is_per_channel=per_channel)))
+    assert any(n.target is torch.ops.aten.batch_norm.default for n in ours.graph.nodes)
+    gen = torch.Generator().manual_seed(3)
+    batches = [torch.randn(inputs[0].shape, generator=gen) for _ in range(3)]
+    opt_theirs = torch.optim.SGD(theirs.parameters(), lr=0.05)
+    opt_ours = torch.optim.SGD(ours.parameters(), lr=0.05)
+    for x in batches:
+        for gm, opt in ((theirs, opt_theirs), (ours, opt_ours)):
+            opt.zero_grad()
+            gm(x).square().mean().backward()
+            opt.step()
+        assert torch.equal(theirs(x), ours(x))
+    _assert_same_observers(theirs, ours)
+    conv_theirs, conv_ours = ao_pt2e.convert_pt2e(theirs), convert_pt2e(ours)
+    _assert_same_qdq_counts(conv_theirs, conv_ours)
+    assert not any(n.target is torch.ops.aten.batch_norm.default for n in conv_ours.graph.nodes)
+    for x in batches:
+        assert torch.equal(conv_theirs(x), conv_ours(x))
