@@ -32,6 +32,49 @@ ao_x86 = pytest.importorskip("torchao.quantization.pt2e.quantizer.x86_inductor_q
 pytestmark = pytest.mark.filterwarnings("ignore:XNNPACKQuantizer is deprecated")
 
 
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cache_torchao_patterns():
+    """torchao re-exports its conv+bn patterns (several torch.export calls) on every QAT
+    prepare / convert; the patterns depend only on the pattern function's code and closure and
+    the example shapes, so the oracle reuses them across calls (a speed-up of the oracle only:
+    each call gets a fresh copy)."""
+    import importlib
+
+    owners = [importlib.import_module(name) for name in (
+        "torchao.quantization.pt2e.utils", "torchao.quantization.pt2e.qat_utils",
+        "torchao.testing.pt2e._xnnpack_quantizer_utils")]
+    originals = [getattr(o, "_get_aten_graph_module_for_pattern") for o in owners]
+    cache: dict = {}
+
+    def wrap(original):
+        def cached(pattern, example_inputs, is_cuda=False, **kwargs):
+            fn = getattr(pattern, "fn", None)
+            if fn is None or not all(isinstance(v, torch.Tensor) for v in kwargs.values()):
+                return original(pattern, example_inputs, is_cuda, **kwargs)
+            # kwargs are example tensors: only their names / shapes / dtypes shape the pattern
+            key = (fn.__code__, tuple(c.cell_contents for c in fn.__closure__ or ()),
+                   tuple(tuple(x.shape) for x in example_inputs), is_cuda,
+                   tuple(sorted((k, tuple(v.shape), v.dtype) for k, v in kwargs.items())))
+            try:
+                hash(key)
+            except TypeError:
+                return original(pattern, example_inputs, is_cuda, **kwargs)
+            if key not in cache:
+                cache[key] = original(pattern, example_inputs, is_cuda, **kwargs)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                return copy.deepcopy(cache[key])
+        return cached
+
+    for owner, original in zip(owners, originals):
+        owner._get_aten_graph_module_for_pattern = wrap(original)
+    yield
+    for owner, original in zip(owners, originals):
+        owner._get_aten_graph_module_for_pattern = original
+
+
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
