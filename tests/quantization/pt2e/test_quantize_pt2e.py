@@ -533,3 +533,23 @@ def test_qat_conv_bn_matches_torchao(per_channel):
     assert not any(n.target is torch.ops.aten.batch_norm.default for n in conv_ours.graph.nodes)
     for x in batches:
         assert torch.equal(conv_theirs(x), conv_ours(x))
+
+
+def test_qdq_nodes_take_provenance_meta():
+    """q / dq nodes carry the module stack and custom meta (e.g. numeric debug handles) of the
+    op whose value they quantize (of the consuming op for inputs and weights)."""
+    model, inputs = _float_model("mlp")
+    gm = _export(model, inputs)
+    for i, n in enumerate(gm.graph.nodes):
+        n.meta.setdefault("custom", {})["numeric_debug_handle"] = i
+    gm = prepare_pt2e(gm, tq_xnn.XNNPACKQuantizer().set_global(
+        tq_xnn.get_symmetric_quantization_config()))
+    gm(*inputs)
+    converted = convert_pt2e(gm)
+    for n in converted.graph.nodes:
+        if n.op == "call_function" and "quantize_per" in str(n.target):
+            assert "numeric_debug_handle" in n.meta.get("custom", {}), n
+            assert "nn_module_stack" in n.meta, n
+    relu = next(n for n in converted.graph.nodes if n.target is torch.ops.aten.relu.default)
+    q_after_relu = next(iter(relu.users))
+    assert q_after_relu.meta["custom"] == relu.meta["custom"]

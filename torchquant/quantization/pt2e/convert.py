@@ -17,6 +17,7 @@ integer tensor it computes, so the graph holds integer weights feeding a dequant
 """
 from __future__ import annotations
 
+import copy
 import operator
 from typing import Any, Optional
 
@@ -36,6 +37,7 @@ _tq = torch.ops.torchquant
 QUANTIZE_OPS = (_tq.quantize_per_tensor.default, _tq.quantize_per_channel.default,
                 _tq.quantize_dynamic_per_tensor.default)
 DEQUANTIZE_OPS = (_tq.dequantize_per_tensor.default, _tq.dequantize_per_channel.default)
+_PORTED_META = ("nn_module_stack", "stack_trace", "custom")
 _QSCHEME_NAMES_DYNAMIC_OK = ("per_tensor_affine", "per_tensor_symmetric")
 
 
@@ -89,6 +91,29 @@ class _Rewriter:
         self.graph.erase_node(node)
 
     def rewrite(self, node: Node) -> None:
+        before = set(self.graph.nodes)
+        source = self._meta_source(node)
+        self._rewrite(node)
+        if source is None:
+            return
+        for new in self.graph.nodes:
+            if new not in before:
+                for key in _PORTED_META:
+                    if key in source.meta:
+                        new.meta[key] = copy.copy(source.meta[key])
+
+    @staticmethod
+    def _meta_source(node: Node) -> Optional[Node]:
+        """The node whose provenance (module stack, stack trace, custom meta such as numeric
+        debug handles) the new q / dq nodes take: the op producing the observed value, or for
+        a placeholder / constant the op consuming it."""
+        x = node.args[0]
+        if isinstance(x, Node) and x.op == "call_function":
+            return x
+        users = [u for u in node.users if u.op == "call_function"]
+        return users[0] if users else None
+
+    def _rewrite(self, node: Node) -> None:
         obs = self.modules[str(node.target)]
         x = node.args[0]
         if hasattr(obs, "convert"):  # affine-quantized observers rewrite themselves
