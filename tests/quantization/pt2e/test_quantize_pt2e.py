@@ -553,3 +553,27 @@ def test_qdq_nodes_take_provenance_meta():
     relu = next(n for n in converted.graph.nodes if n.target is torch.ops.aten.relu.default)
     q_after_relu = next(iter(relu.users))
     assert q_after_relu.meta["custom"] == relu.meta["custom"]
+
+
+def test_annotated_edge_that_cannot_be_observed_warns():
+    """An input_qspec_map key that is not an argument of the node would be dropped silently by
+    torchao; torchquant warns naming the node."""
+    act = QuantizationSpec(dtype=torch.int8, quant_min=-128, quant_max=127,
+                           qscheme=torch.per_tensor_affine,
+                           observer_or_fake_quant_ctr=tq_obs.MinMaxObserver)
+
+    class Wrong(Quantizer):
+        def annotate(self, gm):
+            x = next(n for n in gm.graph.nodes if n.op == "placeholder")
+            for n in gm.graph.nodes:
+                if n.target is torch.ops.aten.relu.default:
+                    n.meta["quantization_annotation"] = QuantizationAnnotation(
+                        input_qspec_map={x: act}, output_qspec=act)
+            return gm
+
+        def validate(self, gm):
+            pass
+
+    model, inputs = _float_model("mlp")
+    with pytest.warns(UserWarning, match=r"relu \(input x\)"):
+        prepare_pt2e(_export(model, inputs), Wrong())

@@ -11,6 +11,7 @@ fixed qparams.  One observer is built per group.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -218,6 +219,7 @@ class _Inserter:
         self.named_modules = dict(model.named_modules(remove_duplicate=False))
         self.device = _model_device(model)
         self.counter = 0
+        self.unobserved: list[str] = []
 
     def _new_name(self) -> str:
         while hasattr(self.model, f"{OBSERVER_PREFIX}{self.counter}"):
@@ -258,6 +260,33 @@ class _Inserter:
                 return user
         return self.insert_after(arg, obs)
 
+    def _observed_inputs(self, node: Node) -> set[Node]:
+        found: set[Node] = set()
+
+        def visit(a: Any) -> None:
+            if isinstance(a, (list, tuple)):
+                for b in a:
+                    visit(b)
+            elif isinstance(a, Node) and is_observer_node(a, self.named_modules):
+                original = a
+                while is_observer_node(original, self.named_modules):
+                    original = original.args[0]
+                found.add(original)
+
+        visit(node.args)
+        return found
+
+    def _check_edges_observed(self, node: Node) -> None:
+        """Remember annotated input edges that got no observer (an input_qspec_map key that is
+        not an argument of the node): they would silently stay float."""
+        annotation = node.meta[Q_ANNOTATION_KEY]
+        observed = self._observed_inputs(node)
+        for inp, qspec in annotation.input_qspec_map.items():
+            if qspec is None or self.obs_map.get((inp, node)) is None:
+                continue
+            if inp not in observed:
+                self.unobserved.append(f"{node.name} (input {getattr(inp, 'name', inp)})")
+
     def observe(self, node: Node) -> None:
         if Q_ANNOTATION_KEY not in node.meta:
             return
@@ -266,6 +295,7 @@ class _Inserter:
                 raise ValueError(f"{node.name}: keyword argument {key!r} is a graph value; "
                                  "annotated nodes take tensors positionally")
         node.args = tuple(self.input_arg(node, a) for a in node.args)
+        self._check_edges_observed(node)
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor) or node not in self.obs_map:
             return
@@ -290,4 +320,8 @@ def prepare(model: GraphModule, is_qat: bool,
     inserter = _Inserter(model, obs_map)
     for node in nodes:
         inserter.observe(node)
+    if inserter.unobserved:
+        warnings.warn("prepare_pt2e: annotated input edges got no observer and stay float "
+                      "(the annotation names a node that is not a positional argument): "
+                      + ", ".join(inserter.unobserved), UserWarning, stacklevel=3)
     return GraphModule(model, model.graph)
