@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import warnings
 
-import torch
 from torch.fx import GraphModule
 
 from .pt2e import convert as _convert

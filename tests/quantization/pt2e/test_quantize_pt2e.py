@@ -17,9 +17,7 @@ import torch.nn as nn
 
 from _models import MODELS
 from torchquant.quantization.quantize_pt2e import convert_pt2e, prepare_pt2e, prepare_qat_pt2e
-from torchquant.quantization.quantizer import (DerivedQuantizationSpec, QuantizationAnnotation,
-                                               QuantizationSpec, Quantizer,
-                                               SharedQuantizationSpec)
+from torchquant.quantization.quantizer import QuantizationAnnotation, QuantizationSpec, Quantizer
 from torchquant.quantization.quantizer import x86_inductor_quantizer as tq_x86
 from torchquant.quantization.quantizer import xnnpack_quantizer as tq_xnn
 from torchquant.quantization import observer as tq_obs

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import torch
 from torch.fx import GraphModule, Node
 
-from ..fake_quantize import FakeQuantizeBase, FixedQParamsFakeQuantize
+from ..fake_quantize import FixedQParamsFakeQuantize
 from ..observer import FixedQParamsObserver, ObserverBase
 from ..quantizer.quantizer import (DerivedQuantizationSpec, EdgeOrNode,
                                    FixedQParamsQuantizationSpec, ObserverOrFakeQuantize,

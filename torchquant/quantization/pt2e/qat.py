@@ -21,8 +21,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..quantizer.quantizer import Q_ANNOTATION_KEY
-from .utils import (_CONV_OPS, _fused_weights, get_tensor_attr, is_observer_node,
-                    set_tensor_attr)
+from .utils import _CONV_OPS, _fused_weights, get_tensor_attr, set_tensor_attr
 
 __all__ = ["fuse_conv_bn_for_qat", "fold_conv_bn_after_qat"]
 
@@ -101,7 +100,6 @@ def fold_conv_bn_after_qat(model: GraphModule) -> None:
     """In place, on a prepared QAT model: fold each rewritten conv's BN (running statistics)
     into its weight and bias and drop the QAT scaling nodes and the BN."""
     graph = model.graph
-    modules = dict(model.named_modules(remove_duplicate=False))
     for conv in list(graph.nodes):
         info: Optional[dict[str, Any]] = conv.meta.get(_META)
         if info is None or info["bn"] not in graph.nodes:
@@ -135,6 +133,5 @@ def fold_conv_bn_after_qat(model: GraphModule) -> None:
         graph.erase_node(bn)
         del conv.meta[_META]
     graph.eliminate_dead_code()
-    _ = modules
     graph.lint()
     model.recompile()
