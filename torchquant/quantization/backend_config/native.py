@@ -87,20 +87,26 @@ def _native_style_backend_config(
             .set_backend_pattern_configs(_get_embedding_op_configs(embedding)))
 
 
-def get_native_backend_config() -> BackendConfig:
-    """The BackendConfig FX graph mode uses by default (``"native"``)."""
-    return _native_style_backend_config(
-        "native",
+def _server_dtype_configs(binary_and_fixed: list) -> dict:
+    """The DTypeConfigs of the server backends (native, fbgemm, x86) by op family: they differ
+    only in what binary and fixed-qparams ops take (and in native's LayerNorm entry)."""
+    return dict(
         conv=[weighted_op_quint8_dtype_config],
         linear=[weighted_op_quint8_dtype_config, default_dynamic_int8_dtype_config,
                 default_dynamic_float16_dtype_config],
-        binary=[default_op_quint8_dtype_config],
+        binary=list(binary_and_fixed),
         default=[default_op_quint8_dtype_config],
-        fixed_qparams=[default_op_quint8_dtype_config],
+        fixed_qparams=list(binary_and_fixed),
         share_qparams=[default_op_quint8_dtype_config],
         tensor_info=[default_op_quint8_dtype_config],
         rnn=[default_dynamic_int8_dtype_config, default_dynamic_float16_dtype_config],
-        embedding=[weight_only_quint8_dtype_config, weight_only_quint4x2_dtype_config],
+        embedding=[weight_only_quint8_dtype_config, weight_only_quint4x2_dtype_config])
+
+
+def get_native_backend_config() -> BackendConfig:
+    """The BackendConfig FX graph mode uses by default (``"native"``)."""
+    return _native_style_backend_config(
+        "native", **_server_dtype_configs([default_op_quint8_dtype_config]),
         layer_norm=[input_output_only_quint8_dtype_config])
 
 
