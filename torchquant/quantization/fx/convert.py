@@ -233,6 +233,21 @@ def _single_quantize_user(node: Node) -> Optional[Node]:
     return None
 
 
+def _quantized_output(gm: GraphModule, node: Node, modules: dict[str, torch.nn.Module]
+                      ) -> Optional[tuple[bool, Node, Node, float, int]]:
+    """How ``node``'s result leaves the quantized region: ``(relu, tail, quantize_node, scale,
+    zero_point)`` where it feeds one per-tensor quantize, directly or through one ReLU (which
+    the lowered op fuses; ``tail`` is the last node replaced); None otherwise."""
+    relu, tail = False, node
+    users = list(node.users)
+    if len(users) == 1 and _is_relu(users[0], modules):
+        relu, tail = True, users[0]
+    quant_out = _single_quantize_user(tail)
+    if quant_out is None:
+        return None
+    return (relu, tail, quant_out, *_qparams(gm, quant_out))
+
+
 def _is_relu(node: Node, modules: dict[str, torch.nn.Module]) -> bool:
     return ((node.op == "call_module" and type(modules.get(str(node.target))) is torch.nn.ReLU)
             or (node.op == "call_function" and node.target in _RELU_FUNCTIONS)
@@ -333,15 +348,10 @@ def _lower_binary(gm: GraphModule, modules: dict[str, torch.nn.Module], node: No
         return
     if not (_is_dequantize(a) and _is_dequantize(b)):
         return
-    relu = False
-    tail = node
-    users = list(node.users)
-    if len(users) == 1 and _is_relu(users[0], modules):
-        relu, tail = True, users[0]
-    quant_out = _single_quantize_user(tail)
-    if quant_out is None:
+    output = _quantized_output(gm, node, modules)
+    if output is None:
         return
-    scale, zp = _qparams(gm, quant_out)
+    relu, tail, quant_out, scale, zp = output
     op = _binary.add if node.target in _ADD_OPS else _binary.mul
     with gm.graph.inserting_before(node):
         lowered = gm.graph.call_function(op, (a.args[0], b.args[0], scale, zp),
@@ -462,15 +472,10 @@ def _lower_functional_weighted(gm: GraphModule, modules: dict[str, torch.nn.Modu
         bias = _attr_value(gm, bias_node)
     except ValueError:
         return
-    relu = False
-    tail = node
-    users = list(node.users)
-    if len(users) == 1 and _is_relu(users[0], modules):
-        relu, tail = True, users[0]
-    quant_out = _single_quantize_user(tail)
-    if quant_out is None:
+    output = _quantized_output(gm, node, modules)
+    if output is None:
         return
-    scale, zp = _qparams(gm, quant_out)
+    relu, tail, quant_out, scale, zp = output
     if w_quant.target is quantize_per_channel:
         _, scales, zps, axis, name = w_quant.args
         w_q = _quantize_per_channel(weight.detach(), _attr_value(gm, scales),
