@@ -50,3 +50,11 @@ def test_bits_signedness():
     assert tq.qint8.is_signed and not tq.quint8.is_signed
     assert tq.quint4x2.values_per_byte == 2 and tq.quint2x4.values_per_byte == 4
     assert tq.quint4x2.storage_dtype == torch.uint8
+
+
+def test_from_torch_quantized_dtype_maps_only_quantized_dtypes():
+    import torchquant.dtypes as dt
+    assert dt.from_torch_quantized_dtype(torch.quint8) is dt.quint8
+    assert dt.from_torch_quantized_dtype(torch.quint4x2) is dt.quint4x2
+    for plain in (torch.uint8, torch.int8, torch.float, None, "quint8", dt.quint8):
+        assert dt.from_torch_quantized_dtype(plain) is None

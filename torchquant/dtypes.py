@@ -8,12 +8,13 @@ torch's own quantized dtype / qscheme objects are accepted as aliases (``to_qdty
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 __all__ = [
     "QDType", "QScheme", "to_qdtype", "to_qscheme", "is_qdtype_like",
+    "from_torch_quantized_dtype",
     "quint8", "qint8", "qint32", "quint4x2", "quint2x4",
     "per_tensor_affine", "per_channel_affine", "per_tensor_symmetric",
     "per_channel_symmetric", "per_channel_affine_float_qparams",
@@ -149,6 +150,13 @@ def is_qdtype_like(x: Any) -> bool:
         return x in _QDTYPE_ALIASES
     except TypeError:
         return False
+
+
+def from_torch_quantized_dtype(x: Any) -> Optional[QDType]:
+    """The QDType standing for one of torch's quantized dtypes (``torch.quint8``, ...), or None
+    for anything else -- plain dtypes such as ``torch.uint8`` included, which callers that keep
+    plain and quantized dtypes apart (backend configs) leave as given."""
+    return next((q for q in QDType if x is q.torch_dtype), None)
 
 
 def to_qdtype(x: Any) -> QDType:

@@ -71,15 +71,11 @@ def _reject_unknown_keys(what: str, d: dict[str, Any], known: tuple[str, ...]) -
         raise ValueError(f"{what}.from_dict: unknown key(s) {unknown}; expected some of {list(known)}")
 
 
-_TORCH_QUANTIZED_DTYPES = (torch.quint8, torch.qint8, torch.qint32, torch.quint4x2, torch.quint2x4)
-
-
 def _normalize_dtype(dtype: Any) -> Any:
     """torch's quantized dtypes (``torch.quint8`` ...) become torchquant QDTypes; plain torch
     dtypes (``torch.float``, ``torch.float16``, ``torch.uint8`` ...) and None stay as given."""
-    if isinstance(dtype, torch.dtype) and dtype in _TORCH_QUANTIZED_DTYPES:
-        return _dt.to_qdtype(dtype)
-    return dtype
+    qdtype = _dt.from_torch_quantized_dtype(dtype)
+    return dtype if qdtype is None else qdtype
 
 
 def _is_dtype(x: Any) -> bool:
