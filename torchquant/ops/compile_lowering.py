@@ -35,7 +35,7 @@ from ..kernels import conv as _kconv
 from ..kernels.linear import onednn_u8_exact_max, onednn_u8s8_exact
 from ..kernels.reference import add_formula, quantize_formula
 from . import _lanes
-from ._library import PackCache, weight_qparams
+from ._library import weight_qparams
 
 __all__ = ["active", "conv", "add"]
 
@@ -80,39 +80,6 @@ def _inv_scale(scale: float) -> float:
 
 
 # ---- conv on saturating CPUs -----------------------------------------------------------------
-
-def _pack(weight, weight_scale, weight_zero_point, bias, weight_axis, stride, padding, dilation,
-          groups):
-    axis = None if weight_scale.dim() == 0 else weight_axis
-    return _kconv.pack_conv_weight(weight, weight_scale, weight_zero_point, axis, bias, stride,
-                                   padding, dilation, groups)
-
-
-_PACKS = PackCache(_pack)
-
-
-@torch.library.custom_op("torchquant::conv_halves_float", mutates_args=())
-def _conv_halves_float_op(lo: torch.Tensor, hi: torch.Tensor, x_scale: float,
-                          x_zero_point: int, weight: torch.Tensor, weight_scale: torch.Tensor,
-                          weight_zero_point: torch.Tensor, bias: Optional[torch.Tensor],
-                          weight_axis: int, stride: list[int], padding: list[int],
-                          dilation: list[int], groups: int) -> torch.Tensor:
-    packed = _PACKS.get(weight, weight_scale, weight_zero_point, bias, weight_axis,
-                        tuple(stride), tuple(padding), tuple(dilation), groups)
-    return _kconv.conv_halves_float(lo, hi, x_scale, x_zero_point, packed)
-
-
-@_conv_halves_float_op.register_fake
-def _(lo, hi, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, bias, weight_axis,
-      stride, padding, dilation, groups):
-    y = _kconv._FLOAT_CONV[weight.dim() - 2](
-        torch.empty_like(lo, dtype=torch.float32), torch.empty_like(weight, dtype=torch.float32),
-        None, stride, padding, dilation, groups)
-    layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(y.dim(),
-                                                                     torch.contiguous_format)
-    return torch.empty(y.shape, dtype=torch.float32, device=lo.device).contiguous(
-        memory_format=layout)
-
 
 def conv(x: torch.Tensor, x_scale: float, x_zero_point: int, packed: _kconv.PackedConvWeight,
          out_scale: float, out_zero_point: int, relu: bool) -> Optional[torch.Tensor]:
