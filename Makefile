@@ -19,7 +19,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-bench: $(STAMP)
+BENCH_STAMP := $(VENV)/.torchquant-bench-installed
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,models,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	for b in tensor observers fake_quantize kernels dynamic models; do $(PY) bench/bench_$$b.py || exit 1; done
 
 clean:
