@@ -96,3 +96,16 @@ def test_fake_quantize_bad_input():
         tq.fake_quantize_per_tensor_affine(torch.randn(3), 0.1, 0, 10, 5)
     with pytest.raises(ValueError, match="channels"):
         tq.fake_quantize_per_channel_affine(torch.randn(2, 3), torch.ones(2), torch.zeros(2), 1, 0, 255)
+
+
+@pytest.mark.parametrize("qdtype", ["quint8", "qint8"])
+@pytest.mark.parametrize("reduce_range", [False, True])
+def test_quantize_per_tensor_dynamic_keeps_torchs_double_scale(qdtype, reduce_range):
+    """torch keeps the double scale ATen computes (not its float32 rounding); so do we."""
+    torch.manual_seed(0)
+    x = torch.randn(100) * 3.3
+    ours = tq.quantize_per_tensor_dynamic(x, getattr(tq, qdtype), reduce_range)
+    theirs = torch.quantize_per_tensor_dynamic(x, getattr(torch, qdtype), reduce_range)
+    assert ours.q_scale() == theirs.q_scale()
+    assert ours.q_zero_point() == theirs.q_zero_point()
+    assert torch.equal(ours.int_repr(), theirs.int_repr())

@@ -12,6 +12,7 @@ from . import affine
 from . import dtypes as _dt
 from .ops import fake_quantize as ops_fake_quantize
 from .ops import quantize as ops_quantize
+from .ops import quantize_dynamic as ops_quantize_dynamic
 from .qtensor import QTensor, _normalise_qparams
 
 __all__ = ["quantize_per_tensor", "quantize_per_channel", "dequantize",
@@ -97,15 +98,15 @@ def quantize_per_tensor_dynamic(input: torch.Tensor, dtype: Any, reduce_range: b
     if qdtype not in (_dt.quint8, _dt.qint8):
         raise TypeError(f"quantize_per_tensor_dynamic supports quint8 and qint8, got {qdtype!r}")
     x = _check_float_input(input, "quantize_per_tensor_dynamic")
-    if x.numel():
-        mn, mx = torch.aminmax(x)
-        if not (torch.isfinite(mn) and torch.isfinite(mx)):
-            raise ValueError("quantize_per_tensor_dynamic: input contains NaN or Inf")
-    else:
-        mn = mx = torch.zeros((), device=x.device)
-    scale, zp = affine.choose_qparams_aten(mn, mx, qdtype.qmin, qdtype.qmax,
-                                           preserve_sparsity=False, reduce_range=reduce_range)
-    return quantize_per_tensor(x, scale.double(), zp, qdtype)
+    try:
+        values, scale, zero_point = ops_quantize_dynamic.quantize_dynamic_per_tensor(
+            x, qdtype, reduce_range)
+    except ValueError as err:
+        raise ValueError("quantize_per_tensor_dynamic: input contains NaN or Inf") from err
+    # the scale stays the double ATen computes (torch keeps it too); the integers are ATen's
+    numbers = (float(scale), int(zero_point))
+    scale_t, zp_t = _normalise_qparams(*numbers, qdtype, None, x.shape)
+    return QTensor(values, scale_t.to(x.device), zp_t.to(x.device), qdtype, numbers=numbers)
 
 
 def fake_quantize_per_tensor_affine(input: torch.Tensor, scale: Any, zero_point: Any,
