@@ -83,120 +83,90 @@ def _map_fake(x: torch.Tensor, qdtype: str, layout: str = "suggested") -> torch.
     return torch.empty(x.shape, dtype=storage, device=x.device, memory_format=output_format)
 
 
-# ---- fixed-function activations (output qparams given) -----------------------------------------
+# ---- fixed-function activations and the ELU family -------------------------------------------
+# One registered op each, ``(x, scale, zero_point, *params, out_scale, out_zero_point, qdtype)``;
+# :func:`_run_mapped` is the eager / traced switch they share.
 
-@torch.library.custom_op("torchquant::sigmoid", mutates_args=())
-def _sigmoid_op(x: torch.Tensor, scale: float, zero_point: int, out_scale: float,
-                out_zero_point: int, qdtype: str) -> torch.Tensor:
-    return _map(x, scale, zero_point, "sigmoid", (), out_scale, out_zero_point,
-                _dt.qdtype_of(qdtype))
-
-
-@torch.library.custom_op("torchquant::tanh", mutates_args=())
-def _tanh_op(x: torch.Tensor, scale: float, zero_point: int, out_scale: float,
-             out_zero_point: int, qdtype: str) -> torch.Tensor:
-    return _map(x, scale, zero_point, "tanh", (), out_scale, out_zero_point,
-                _dt.qdtype_of(qdtype))
+_MAPPED = {  # name: (float parameters, layout of torch's op)
+    "sigmoid": ((), "suggested"),
+    "tanh": ((), "suggested"),
+    "hardsigmoid": ((), "suggested"),
+    "hardswish": ((), "suggested"),
+    "elu": (("alpha",), "contiguous"),
+    "celu": (("alpha",), "contiguous"),
+}
 
 
-@torch.library.custom_op("torchquant::hardsigmoid", mutates_args=())
-def _hardsigmoid_op(x: torch.Tensor, scale: float, zero_point: int, out_scale: float,
-                    out_zero_point: int, qdtype: str) -> torch.Tensor:
-    return _map(x, scale, zero_point, "hardsigmoid", (), out_scale, out_zero_point,
-                _dt.qdtype_of(qdtype))
+def _define_mapped_op(name: str, params: tuple[str, ...], layout: str) -> None:
+    floats = "".join(f"float {p}, " for p in params)
+    schema = (f"(Tensor x, float scale, int zero_point, {floats}float out_scale, "
+              f"int out_zero_point, str qdtype) -> Tensor")
+
+    def kernel(x, scale, zero_point, *rest):
+        *values, out_scale, out_zero_point, qdtype = rest
+        return _map(x, scale, zero_point, name, tuple(values), out_scale, out_zero_point,
+                    _dt.qdtype_of(qdtype), layout)
+
+    op = torch.library.custom_op(f"torchquant::{name}", kernel, mutates_args=(), schema=schema)
+    op.register_fake(lambda x, *rest: _map_fake(x, rest[-1], layout))
 
 
-@torch.library.custom_op("torchquant::hardswish", mutates_args=())
-def _hardswish_op(x: torch.Tensor, scale: float, zero_point: int, out_scale: float,
-                  out_zero_point: int, qdtype: str) -> torch.Tensor:
-    return _map(x, scale, zero_point, "hardswish", (), out_scale, out_zero_point,
-                _dt.qdtype_of(qdtype))
+for _name, (_params, _layout) in _MAPPED.items():
+    _define_mapped_op(_name, _params, _layout)
+del _name, _params, _layout
 
 
-for _op in (_sigmoid_op, _tanh_op, _hardsigmoid_op, _hardswish_op):
-    _op.register_fake(lambda x, scale, zero_point, out_scale, out_zero_point, qdtype:
-                      _map_fake(x, qdtype))
+def _run_mapped(name: str, x: torch.Tensor, scale: float, zero_point: int,
+                params: tuple[float, ...], out_scale: float, out_zero_point: int,
+                qdtype: _dt.QDType) -> torch.Tensor:
+    params = tuple(float(p) for p in params)
+    if traced(x):
+        return getattr(torch.ops.torchquant, name)(x, scale, zero_point, *params, out_scale,
+                                                   out_zero_point, qdtype.name)
+    return _map(x, scale, zero_point, name, params, out_scale, out_zero_point, qdtype,
+                _MAPPED[name][1])
 
 
 def sigmoid(x: torch.Tensor, scale: float, zero_point: int, out_scale: float,
             out_zero_point: int, qdtype: _dt.QDType) -> torch.Tensor:
     """The integers of ``sigmoid(x_hat)`` on the output grid (torch's fixed one:
     :func:`fixed_qparams`)."""
-    if traced(x):
-        return torch.ops.torchquant.sigmoid(x, scale, zero_point, out_scale, out_zero_point,
-                                            qdtype.name)
-    return _map(x, scale, zero_point, "sigmoid", (), out_scale, out_zero_point, qdtype)
+    return _run_mapped("sigmoid", x, scale, zero_point, (), out_scale, out_zero_point, qdtype)
 
 
 def tanh(x: torch.Tensor, scale: float, zero_point: int, out_scale: float,
          out_zero_point: int, qdtype: _dt.QDType) -> torch.Tensor:
     """The integers of ``tanh(x_hat)`` on the output grid."""
-    if traced(x):
-        return torch.ops.torchquant.tanh(x, scale, zero_point, out_scale, out_zero_point,
-                                         qdtype.name)
-    return _map(x, scale, zero_point, "tanh", (), out_scale, out_zero_point, qdtype)
+    return _run_mapped("tanh", x, scale, zero_point, (), out_scale, out_zero_point, qdtype)
 
 
 def hardsigmoid(x: torch.Tensor, scale: float, zero_point: int, out_scale: float,
                 out_zero_point: int, qdtype: _dt.QDType) -> torch.Tensor:
     """The integers of ``relu6(x_hat + 3) / 6`` on the output grid."""
-    if traced(x):
-        return torch.ops.torchquant.hardsigmoid(x, scale, zero_point, out_scale, out_zero_point,
-                                                qdtype.name)
-    return _map(x, scale, zero_point, "hardsigmoid", (), out_scale, out_zero_point, qdtype)
+    return _run_mapped("hardsigmoid", x, scale, zero_point, (), out_scale, out_zero_point,
+                       qdtype)
 
 
 def hardswish(x: torch.Tensor, scale: float, zero_point: int, out_scale: float,
               out_zero_point: int, qdtype: _dt.QDType) -> torch.Tensor:
     """The integers of ``x_hat * relu6(x_hat + 3) / 6`` on the output grid."""
-    if traced(x):
-        return torch.ops.torchquant.hardswish(x, scale, zero_point, out_scale, out_zero_point,
-                                              qdtype.name)
-    return _map(x, scale, zero_point, "hardswish", (), out_scale, out_zero_point, qdtype)
-
-
-# ---- ELU family -----------------------------------------------------------------------------
-
-@torch.library.custom_op("torchquant::elu", mutates_args=())
-def _elu_op(x: torch.Tensor, scale: float, zero_point: int, alpha: float, out_scale: float,
-            out_zero_point: int, qdtype: str) -> torch.Tensor:
-    return _map(x, scale, zero_point, "elu", (alpha,), out_scale, out_zero_point,
-                _dt.qdtype_of(qdtype), "contiguous")
-
-
-@torch.library.custom_op("torchquant::celu", mutates_args=())
-def _celu_op(x: torch.Tensor, scale: float, zero_point: int, alpha: float, out_scale: float,
-             out_zero_point: int, qdtype: str) -> torch.Tensor:
-    return _map(x, scale, zero_point, "celu", (alpha,), out_scale, out_zero_point,
-                _dt.qdtype_of(qdtype), "contiguous")
-
-
-for _op in (_elu_op, _celu_op):
-    _op.register_fake(lambda x, scale, zero_point, alpha, out_scale, out_zero_point, qdtype:
-                      _map_fake(x, qdtype, "contiguous"))
-del _op
+    return _run_mapped("hardswish", x, scale, zero_point, (), out_scale, out_zero_point,
+                       qdtype)
 
 
 def elu(x: torch.Tensor, scale: float, zero_point: int, alpha: float, out_scale: float,
         out_zero_point: int, qdtype: _dt.QDType) -> torch.Tensor:
     """The integers of ELU(``x_hat``) (``alpha * (exp(x) - 1)`` below zero) on the output
     grid; the result is contiguous, as torch writes it."""
-    if traced(x):
-        return torch.ops.torchquant.elu(x, scale, zero_point, float(alpha), out_scale,
-                                        out_zero_point, qdtype.name)
-    return _map(x, scale, zero_point, "elu", (alpha,), out_scale, out_zero_point, qdtype,
-                "contiguous")
+    return _run_mapped("elu", x, scale, zero_point, (alpha,), out_scale, out_zero_point, qdtype)
 
 
 def celu(x: torch.Tensor, scale: float, zero_point: int, alpha: float, out_scale: float,
          out_zero_point: int, qdtype: _dt.QDType) -> torch.Tensor:
     """The integers of CELU(``x_hat``) (``alpha * (exp(x / alpha) - 1)`` below zero) on the
     output grid; the result is contiguous, as torch writes it."""
-    if traced(x):
-        return torch.ops.torchquant.celu(x, scale, zero_point, float(alpha), out_scale,
-                                         out_zero_point, qdtype.name)
-    return _map(x, scale, zero_point, "celu", (alpha,), out_scale, out_zero_point, qdtype,
-                "contiguous")
+    return _run_mapped("celu", x, scale, zero_point, (alpha,), out_scale, out_zero_point,
+                       qdtype)
 
 
 # ---- leaky_relu --------------------------------------------------------------------------------
