@@ -4,8 +4,9 @@
 The user's model is deep-copied, symbolically traced, fused per the BackendConfig, observed per
 the matched patterns and the resolved qconfigs, then converted to a reference model (quantize /
 dequantize nodes, ``nn.quantized.reference`` modules) and lowered to torchquant's quantized
-modules and QTensor ops.  Supported subset: static int8 patterns (per-tensor activations);
-dynamic qconfigs, standalone / custom modules and quantized graph inputs / outputs are not.
+modules and QTensor ops.  Static int8 patterns (per-tensor activations), dynamic int8 / float16
+qconfigs (Linear, F.linear, LSTM / GRU and the RNN cells lower to ``nn.quantized.dynamic``
+modules) and weight-only embeddings are supported.
 """
 from __future__ import annotations
 

@@ -20,10 +20,13 @@ from torch.fx import GraphModule, Node
 from ... import dtypes as _dt
 from ...tensor_functions import quantize_per_channel as _quantize_per_channel
 from ...tensor_functions import quantize_per_tensor as _quantize_per_tensor
+from ...tensor_functions import quantize_per_tensor_dynamic as _quantize_per_tensor_dynamic
 from ...nn import intrinsic as nni
 from ...nn.intrinsic import quantized as nniq
 from ...nn import quantized as nnq
 from ...nn.quantized import _binary
+from ...nn.quantized import dynamic as nnqd
+from ...nn.intrinsic.quantized import dynamic as nniqd
 from ...nn.quantized import reference as nnqr
 from ..backend_config import BackendConfig
 from ..backend_config.utils import get_root_module_to_quantized_reference_module
@@ -32,8 +35,8 @@ from ..observer import ObserverBase
 from ..utils import get_qparam_dict, is_per_channel
 from .fuse import _set_module
 
-__all__ = ["quantize_per_tensor", "quantize_per_channel", "convert_to_reference",
-           "lower_to_torchquant"]
+__all__ = ["quantize_per_tensor", "quantize_per_channel", "quantize_per_tensor_dynamic",
+           "round_to_float16", "convert_to_reference", "lower_to_torchquant"]
 
 
 def quantize_per_tensor(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
@@ -48,7 +51,21 @@ def quantize_per_channel(x: torch.Tensor, scales: torch.Tensor, zero_points: tor
     return _quantize_per_channel(x, scales, zero_points, axis, _dt.qdtype_of(qdtype_name))
 
 
+def quantize_per_tensor_dynamic(x: torch.Tensor, qdtype_name: str, reduce_range: bool
+                                ) -> torch.Tensor:
+    """Graph form of :func:`torchquant.quantize_per_tensor_dynamic` (qdtype by name)."""
+    return _quantize_per_tensor_dynamic(x, _dt.qdtype_of(qdtype_name), reduce_range)
+
+
+def round_to_float16(x: torch.Tensor) -> torch.Tensor:
+    """float16 "quantization" of a float32 value: the float16 rounding, back in float32 (the
+    reference form of torch's ``x.to(torch.float16).dequantize()``)."""
+    return x.to(torch.float16).to(x.dtype)
+
+
 _QUANTIZE_FUNCTIONS = (quantize_per_tensor, quantize_per_channel)
+# dynamic activations quantize with reduce_range as torch's fbgemm / x86 engines do
+_DYNAMIC_REDUCE_RANGE = True
 
 
 def _is_observer(module: Any) -> bool:
@@ -73,9 +90,23 @@ def _replace_observer(gm: GraphModule, node: Node, observer: torch.nn.Module) ->
     graph = gm.graph
     source = node.args[0]
     dtype = observer.dtype
+    if dtype is torch.float16:
+        with graph.inserting_before(node):
+            rounded = graph.call_function(round_to_float16, (source,))
+        node.replace_all_uses_with(rounded)
+        graph.erase_node(node)
+        return
     if getattr(observer, "is_dynamic", False):
-        raise NotImplementedError("FX convert: dynamic activation observers are not supported "
-                                  f"yet (observer {node.target})")
+        qdtype = _dt.to_qdtype(dtype)
+        with graph.inserting_before(node):
+            quant = graph.call_function(quantize_per_tensor_dynamic,
+                                        (source, qdtype.name, _DYNAMIC_REDUCE_RANGE))
+        for user in list(node.users):
+            with graph.inserting_before(user):
+                dequant = graph.call_method("dequantize", (quant,))
+            user.replace_input_with(node, dequant)
+        graph.erase_node(node)
+        return
     if not _dt.is_qdtype_like(dtype) or dtype in (torch.float16, torch.float32):
         node.replace_all_uses_with(source)
         graph.erase_node(node)
@@ -106,6 +137,23 @@ def _replace_observer(gm: GraphModule, node: Node, observer: torch.nn.Module) ->
 _QAT_TO_FLOAT_NEEDED = "to_float"
 
 
+def _rnn_weight_qparams(module: torch.nn.Module, qconfig: Any) -> dict[str, Any]:
+    """``weight_qparams_dict`` of a reference RNN cell / LSTM / GRU: one fresh weight observer
+    per weight matrix (only int8 observers see the weight, as in torch)."""
+    if isinstance(module, torch.nn.RNNCellBase):
+        names = ["weight_ih", "weight_hh"]
+    else:
+        names = [n for n in module._flat_weights_names if n.startswith("weight")]
+    result: dict[str, Any] = {"is_decomposed": False}
+    for name in names:
+        observer = qconfig.weight()
+        if _dt.is_qdtype_like(observer.dtype) and observer.dtype not in (torch.float16,
+                                                                         torch.float32):
+            observer(getattr(module, name))
+        result[name] = get_qparam_dict(observer)
+    return result
+
+
 def _reference_for(module: torch.nn.Module, qconfig: Any, root_to_ref: dict[type, type]
                    ) -> Optional[torch.nn.Module]:
     """The reference module for a float / fused / QAT weighted module (fused: element 0 is
@@ -116,7 +164,11 @@ def _reference_for(module: torch.nn.Module, qconfig: Any, root_to_ref: dict[type
         module = module.to_float()
     float_module = module[0] if isinstance(module, torch.nn.Sequential) else module
     ref_cls = root_to_ref.get(type(float_module))
-    if ref_cls is None or not hasattr(float_module, "weight"):
+    if ref_cls is None:
+        return None
+    if isinstance(float_module, (torch.nn.RNNCellBase, torch.nn.RNNBase)):
+        return ref_cls.from_float(float_module, _rnn_weight_qparams(float_module, qconfig))
+    if not hasattr(float_module, "weight"):
         return None
     if weight_post_process is None:
         weight_post_process = qconfig.weight()
@@ -176,6 +228,24 @@ _LOWER_FUSED_MODULES: dict[type, tuple[type, type]] = {
     nni.ConvReLU1d: (nnqr.Conv1d, nniq.ConvReLU1d),
     nni.ConvReLU2d: (nnqr.Conv2d, nniq.ConvReLU2d),
     nni.ConvReLU3d: (nnqr.Conv3d, nniq.ConvReLU3d),
+}
+# reference module -> dynamic quantized module (float in, float out; the input observer's
+# quantize_per_tensor_dynamic / float16 rounding is folded into the module)
+_DYNAMIC_LOWER_MODULES: dict[type, type] = {
+    nnqr.Linear: nnqd.Linear,
+    nnqr.LSTM: nnqd.LSTM,
+    nnqr.GRU: nnqd.GRU,
+    nnqr.LSTMCell: nnqd.LSTMCell,
+    nnqr.GRUCell: nnqd.GRUCell,
+    nnqr.RNNCell: nnqd.RNNCell,
+}
+_DYNAMIC_LOWER_FUSED_MODULES: dict[type, tuple[type, type]] = {
+    nni.LinearReLU: (nnqr.Linear, nniqd.LinearReLU),
+}
+# weight-only: float in, float out, quantized weight
+_WEIGHT_ONLY_LOWER_MODULES: dict[type, type] = {
+    nnqr.Embedding: nnq.Embedding,
+    nnqr.EmbeddingBag: nnq.EmbeddingBag,
 }
 # ops that run on a QTensor and keep its qparams: a dequantize -> op -> quantize island around
 # them is removed whatever the backend config says (torch's lowering does the same)
@@ -281,6 +351,8 @@ def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> Graph
             elif type(module) in _LOWER_FUSED_MODULES and \
                     type(module[0]) is _LOWER_FUSED_MODULES[type(module)][0]:
                 lowered_cls = _LOWER_FUSED_MODULES[type(module)][1]
+            if _lower_dynamic_or_weight_only_module(gm, modules, node, module):
+                continue
             if lowered_cls is not None:
                 dq = node.args[0]
                 quant_out = _single_quantize_user(node)
@@ -295,6 +367,9 @@ def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> Graph
                 continue
         if node.op == "call_function" and node.target in _ADD_OPS + _MUL_OPS:
             _lower_binary(gm, modules, node)
+            continue
+        if node.op == "call_function" and node.target is F.linear and \
+                _lower_dynamic_functional_linear(gm, modules, node):
             continue
         if node.op == "call_function" and (node.target is F.linear
                                             or node.target in _FUNCTIONAL_CONVS):
@@ -499,3 +574,115 @@ def _lower_functional_weighted(gm: GraphModule, modules: dict[str, torch.nn.Modu
         lowered = gm.graph.call_module(module_name, (x_dq.args[0],))
     lowered.meta["torchquant_qparams"] = (scale, zp)
     _finish(gm, lowered, quant_out, ([tail] if relu else []) + [node, x_dq, w_dq])
+
+
+# ---------------------------------------------------------------------------------------------
+# dynamic and weight-only lowering
+
+def _dynamic_source(node: Any) -> Optional[Node]:
+    """``x`` when ``node`` is the reference form of a dynamically quantized activation:
+    ``dequantize(quantize_per_tensor_dynamic(x))`` or ``round_to_float16(x)``."""
+    if not isinstance(node, Node):
+        return None
+    if node.op == "call_function" and node.target is round_to_float16:
+        return node.args[0]
+    if node.op == "call_method" and node.target == "dequantize" and \
+            isinstance(node.args[0], Node) and node.args[0].op == "call_function" and \
+            node.args[0].target is quantize_per_tensor_dynamic:
+        return node.args[0].args[0]
+    return None
+
+
+def _drop_if_unused(gm: GraphModule, nodes: list[Node]) -> None:
+    for node in nodes:
+        if not getattr(node, "_erased", False) and not node.users:
+            gm.graph.erase_node(node)
+
+
+def _lower_dynamic_or_weight_only_module(gm: GraphModule, modules: dict[str, torch.nn.Module],
+                                         node: Node, module: torch.nn.Module) -> bool:
+    """Reference Linear / LinearReLU / RNN fed by a dynamically quantized activation ->
+    torchquant's dynamic module; reference Embedding(Bag) -> quantized Embedding(Bag)."""
+    if type(module) in _WEIGHT_ONLY_LOWER_MODULES:
+        qmod = _WEIGHT_ONLY_LOWER_MODULES[type(module)].from_reference(module)
+        _set_module(gm, str(node.target), qmod)
+        modules[str(node.target)] = qmod
+        return True
+    lowered_cls = _DYNAMIC_LOWER_MODULES.get(type(module))
+    if type(module) in _DYNAMIC_LOWER_FUSED_MODULES and \
+            type(module[0]) is _DYNAMIC_LOWER_FUSED_MODULES[type(module)][0]:
+        lowered_cls = _DYNAMIC_LOWER_FUSED_MODULES[type(module)][1]
+    if lowered_cls is None or not node.args:
+        return False
+    source = _dynamic_source(node.args[0])
+    if source is None:
+        return False
+    qmod = lowered_cls.from_reference(module)
+    _set_module(gm, str(node.target), qmod)
+    modules[str(node.target)] = qmod
+    old_input = node.args[0]
+    node.args = (source, *node.args[1:])
+    _drop_if_unused(gm, [old_input] + ([old_input.args[0]] if old_input.op == "call_method"
+                                       else []))
+    return True
+
+
+def _lower_dynamic_functional_linear(gm: GraphModule, modules: dict[str, torch.nn.Module],
+                                     node: Node) -> bool:
+    """``F.linear(dynamic(x), dequantize(quantize(w)) or round_to_float16(w), b)`` (-> relu)
+    -> a dynamic quantized Linear (LinearReLU) submodule."""
+    args = list(node.args) + [None] * (3 - len(node.args))
+    x_node, w_node, bias_node = args[:3]
+    bias_node = node.kwargs.get("bias", bias_node)
+    source = _dynamic_source(x_node)
+    if source is None or not isinstance(w_node, Node):
+        return False
+    try:
+        if w_node.op == "call_function" and w_node.target is round_to_float16:
+            weight = _attr_value(gm, w_node.args[0])
+            w_q, dtype = weight.detach(), torch.float16
+            w_nodes = [w_node]
+        elif w_node.op == "call_method" and w_node.target == "dequantize" and \
+                _is_quantize(w_node.args[0]):
+            w_quant = w_node.args[0]
+            weight = _attr_value(gm, w_quant.args[0])
+            w_q = _quantized_weight(gm, w_quant, weight)
+            dtype = _dt.qint8
+            w_nodes = [w_node, w_quant]
+        else:
+            return False
+        bias = _attr_value(gm, bias_node)
+    except ValueError:
+        return False
+    users = list(node.users)
+    relu = len(users) == 1 and _is_relu(users[0], modules)
+    cls = nniqd.LinearReLU if relu else nnqd.Linear
+    qlinear = cls(weight.shape[1], weight.shape[0], bias is not None, dtype=dtype)
+    qlinear.set_weight_bias(w_q, None if bias is None else bias.detach())
+    i = 0
+    while hasattr(gm, f"{node.name}_dynamic_{i}"):
+        i += 1
+    module_name = f"{node.name}_dynamic_{i}"
+    gm.add_submodule(module_name, qlinear)
+    modules[module_name] = qlinear
+    tail = users[0] if relu else node
+    with gm.graph.inserting_before(node):
+        lowered = gm.graph.call_module(module_name, (source,))
+    tail.replace_all_uses_with(lowered)
+    if relu:
+        gm.graph.erase_node(tail)
+    gm.graph.erase_node(node)
+    _drop_if_unused(gm, [x_node] + ([x_node.args[0]] if x_node.op == "call_method" else [])
+                    + w_nodes)
+    return True
+
+
+def _quantized_weight(gm: GraphModule, w_quant: Node, weight: torch.Tensor) -> Any:
+    """The QTensor weight of a reference ``quantize_per_tensor`` / ``_per_channel`` node."""
+    if w_quant.target is quantize_per_channel:
+        _, scales, zps, axis, name = w_quant.args
+        return _quantize_per_channel(weight.detach(), _attr_value(gm, scales),
+                                     _attr_value(gm, zps), axis, _dt.qdtype_of(name))
+    _, w_scale, w_zp, name = w_quant.args
+    return _quantize_per_tensor(weight.detach(), float(_attr_value(gm, w_scale)),
+                                int(_attr_value(gm, w_zp)), _dt.qdtype_of(name))
