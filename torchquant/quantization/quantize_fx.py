@@ -19,7 +19,7 @@ from torch.fx import GraphModule
 
 from .backend_config import BackendConfig, get_native_backend_config
 from .backend_config.utils import get_module_to_qat_module
-from .fx.convert import convert_to_reference, lower_to_torchquant
+from .fx.convert import convert_to_reference, lower_to_torchquant, remove_qconfigs
 from .fx.custom_config import ConvertCustomConfig, FuseCustomConfig, PrepareCustomConfig
 from .fx.fuse import _set_module, fuse_graph_module
 from .fx.prepare import (annotate_tensor_nodes, generate_node_name_to_qconfig, insert_observers,
@@ -222,9 +222,12 @@ def _convert(graph_module: GraphModule, convert_custom_config: Any, qconfig_mapp
     _check_convert_mapping(graph_module, qconfig_mapping)
     backend = _backend_config(backend_config)
     gm = copy.deepcopy(graph_module)
-    gm = convert_to_reference(gm, backend, graph_module.meta[_PREPARED_KEY]["_quantized_root_configs"])
+    gm = convert_to_reference(gm, backend,
+                              graph_module.meta[_PREPARED_KEY]["_quantized_root_configs"],
+                              remove_qconfig=is_reference)
     if not is_reference:
         gm = lower_to_torchquant(gm, backend)
+        remove_qconfigs(gm)
     _warn_float_nodes(graph_module, what)
     gm.meta.pop(_PREPARED_KEY, None)
     _copy_preserved(graph_module, gm, custom.preserved_attributes)

@@ -16,6 +16,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
+from torch.fx.operator_schemas import normalize_function
 
 from ... import dtypes as _dt
 from ...tensor_functions import quantize_per_channel as _quantize_per_channel
@@ -25,6 +26,8 @@ from ...nn import intrinsic as nni
 from ...nn.intrinsic import quantized as nniq
 from ...nn import quantized as nnq
 from ...nn.quantized import _binary
+from ...nn.quantized import _normalization
+from ...nn.quantized import functional as qF
 from ...nn.quantized import dynamic as nnqd
 from ...nn.intrinsic.quantized import dynamic as nniqd
 from ...nn.quantized import reference as nnqr
@@ -36,7 +39,7 @@ from ..utils import get_qparam_dict, is_per_channel
 from .fuse import _set_module
 
 __all__ = ["quantize_per_tensor", "quantize_per_channel", "quantize_per_tensor_dynamic",
-           "round_to_float16", "convert_to_reference", "lower_to_torchquant"]
+           "round_to_float16", "convert_to_reference", "lower_to_torchquant", "remove_qconfigs"]
 
 
 def quantize_per_tensor(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
@@ -180,9 +183,20 @@ def _reference_for(module: torch.nn.Module, qconfig: Any, root_to_ref: dict[type
     return ref
 
 
+def remove_qconfigs(gm: GraphModule) -> None:
+    for name, module in list(gm.named_modules(remove_duplicate=False)):
+        if hasattr(module, "qconfig"):
+            try:
+                del module.qconfig
+            except AttributeError:
+                pass
+
+
 def convert_to_reference(gm: GraphModule, backend_config: BackendConfig,
-                         quantized_roots: dict[str, Any]) -> GraphModule:
-    """Reference model, in place on ``gm`` (already a copy)."""
+                         quantized_roots: dict[str, Any], remove_qconfig: bool = True
+                         ) -> GraphModule:
+    """Reference model, in place on ``gm`` (already a copy).  ``remove_qconfig=False`` keeps
+    the modules' qconfigs for the lowering (a quantized PReLU observes its weight then)."""
     modules = dict(gm.named_modules(remove_duplicate=False))
     root_to_ref = get_root_module_to_quantized_reference_module(backend_config)
     for node in list(gm.graph.nodes):
@@ -198,12 +212,8 @@ def convert_to_reference(gm: GraphModule, backend_config: BackendConfig,
             ref = _reference_for(module, qconfig, root_to_ref)
             if ref is not None:
                 _set_module(gm, str(node.target), ref)
-    for name, module in list(gm.named_modules(remove_duplicate=False)):
-        if hasattr(module, "qconfig"):
-            try:
-                del module.qconfig
-            except AttributeError:
-                pass
+    if remove_qconfig:
+        remove_qconfigs(gm)
     gm.graph.eliminate_dead_code()
     for name, module in list(gm._modules.items()):
         if _is_observer(module):
@@ -222,6 +232,27 @@ _LOWER_MODULES: dict[type, type] = {
     nnqr.Conv1d: nnq.Conv1d,
     nnqr.Conv2d: nnq.Conv2d,
     nnqr.Conv3d: nnq.Conv3d,
+}
+# float modules between dequantize and quantize that become quantized modules taking the
+# output qparams (torch's "special pattern" lowering for the native / x86 backends)
+_LOWER_OUTPUT_QPARAMS_MODULES: dict[type, type] = {
+    torch.nn.BatchNorm2d: nnq.BatchNorm2d,
+    torch.nn.BatchNorm3d: nnq.BatchNorm3d,
+    nni.BNReLU2d: nniq.BNReLU2d,
+    nni.BNReLU3d: nniq.BNReLU3d,
+    torch.nn.ELU: nnq.ELU,
+    torch.nn.LeakyReLU: nnq.LeakyReLU,
+    torch.nn.Hardswish: nnq.Hardswish,
+    torch.nn.InstanceNorm1d: nnq.InstanceNorm1d,
+    torch.nn.InstanceNorm2d: nnq.InstanceNorm2d,
+    torch.nn.InstanceNorm3d: nnq.InstanceNorm3d,
+    torch.nn.LayerNorm: nnq.LayerNorm,
+    torch.nn.Dropout: nnq.Dropout,
+    torch.nn.Softmax: nnq.Softmax,
+    torch.nn.PReLU: nnq.PReLU,
+    nnqr.ConvTranspose1d: nnq.ConvTranspose1d,
+    nnqr.ConvTranspose2d: nnq.ConvTranspose2d,
+    nnqr.ConvTranspose3d: nnq.ConvTranspose3d,
 }
 _LOWER_FUSED_MODULES: dict[type, tuple[type, type]] = {
     nni.LinearReLU: (nnqr.Linear, nniq.LinearReLU),
@@ -353,6 +384,9 @@ def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> Graph
                 lowered_cls = _LOWER_FUSED_MODULES[type(module)][1]
             if _lower_dynamic_or_weight_only_module(gm, modules, node, module):
                 continue
+            if type(module) in _LOWER_OUTPUT_QPARAMS_MODULES:
+                _lower_output_qparams_module(gm, modules, node, module)
+                continue
             if lowered_cls is not None:
                 dq = node.args[0]
                 quant_out = _single_quantize_user(node)
@@ -374,6 +408,9 @@ def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> Graph
         if node.op == "call_function" and (node.target is F.linear
                                             or node.target in _FUNCTIONAL_CONVS):
             _lower_functional_weighted(gm, modules, node)
+            continue
+        if node.op == "call_function" and node.target in _LOWER_FUNCTIONALS:
+            _lower_functional(gm, node)
             continue
         if node.op == "call_function" and node.target is torch.cat:
             _lower_cat(gm, node)
@@ -686,3 +723,99 @@ def _quantized_weight(gm: GraphModule, w_quant: Node, weight: torch.Tensor) -> A
     _, w_scale, w_zp, name = w_quant.args
     return _quantize_per_tensor(weight.detach(), float(_attr_value(gm, w_scale)),
                                 int(_attr_value(gm, w_zp)), _dt.qdtype_of(name))
+
+
+# ---------------------------------------------------------------------------------------------
+# ops with their own output qparams (torch's "special pattern" lowering)
+
+def _lower_output_qparams_module(gm: GraphModule, modules: dict[str, torch.nn.Module],
+                                 node: Node, module: torch.nn.Module) -> None:
+    """``dequantize -> module -> quantize`` -> the quantized module with the quantize's
+    qparams as its output qparams."""
+    if not node.args or not _is_dequantize(node.args[0]):
+        return
+    dq = node.args[0]
+    quant_out = _single_quantize_user(node)
+    if quant_out is None:
+        return
+    scale, zp = _qparams(gm, quant_out)
+    qmod = _LOWER_OUTPUT_QPARAMS_MODULES[type(module)].from_reference(module, scale, zp)
+    _set_module(gm, str(node.target), qmod)
+    modules[str(node.target)] = qmod
+    node.args = (dq.args[0], *node.args[1:])
+    node.meta["torchquant_qparams"] = (scale, zp)
+    _finish(gm, node, quant_out, [dq])
+
+
+def _hardswish(kw: dict, scale: float, zp: int) -> Optional[tuple[Any, tuple, dict]]:
+    return qF.hardswish, (kw["input"], scale, zp), {}
+
+
+def _elu(kw: dict, scale: float, zp: int) -> Optional[tuple[Any, tuple, dict]]:
+    return qF.elu, (kw["input"], scale, zp, kw["alpha"]), {}
+
+
+def _leaky_relu(kw: dict, scale: float, zp: int) -> Optional[tuple[Any, tuple, dict]]:
+    return qF.leaky_relu, (kw["input"], kw["negative_slope"], False, scale, zp), {}
+
+
+def _layer_norm(kw: dict, scale: float, zp: int) -> Optional[tuple[Any, tuple, dict]]:
+    return _normalization.layer_norm, (kw["input"], kw["normalized_shape"], kw["weight"],
+                                       kw["bias"], kw["eps"], scale, zp), {}
+
+
+def _instance_norm(kw: dict, scale: float, zp: int) -> Optional[tuple[Any, tuple, dict]]:
+    if not kw["use_input_stats"]:
+        return None
+    return _normalization.instance_norm, (kw["input"], kw["weight"], kw["bias"], kw["eps"],
+                                          scale, zp), {}
+
+
+def _dropout(kw: dict, scale: float, zp: int) -> Optional[tuple[Any, tuple, dict]]:
+    """Eval-mode dropout is the identity (its output observer is shared with its input)."""
+    if kw["training"]:
+        return None
+    return None, (kw["input"],), {}
+
+
+_LOWER_FUNCTIONALS = {
+    F.dropout: _dropout,
+    F.hardswish: _hardswish,
+    F.elu: _elu,
+    F.leaky_relu: _leaky_relu,
+    F.layer_norm: _layer_norm,
+    F.instance_norm: _instance_norm,
+}
+
+
+def _lower_functional(gm: GraphModule, node: Node) -> None:
+    """``dequantize -> F.hardswish / elu / leaky_relu / layer_norm / instance_norm ->
+    quantize`` -> the QTensor function with the quantize's output qparams."""
+    normalized = normalize_function(node.target, tuple(node.args), dict(node.kwargs),
+                                    normalize_to_only_use_kwargs=True)
+    if normalized is None:
+        return
+    kwargs = dict(normalized.kwargs)
+    dq = kwargs.get("input")
+    if not _is_dequantize(dq):
+        return
+    quant_out = _single_quantize_user(node)
+    if quant_out is None:
+        return
+    scale, zp = _qparams(gm, quant_out)
+    kwargs["input"] = dq.args[0]
+    replacement = _LOWER_FUNCTIONALS[node.target](kwargs, scale, zp)
+    if replacement is None:
+        return
+    target, args, extra = replacement
+    if target is None:                  # identity on the QTensor
+        quant_out.replace_all_uses_with(args[0])
+        gm.graph.erase_node(quant_out)
+        for dropped in (node, dq):
+            if not dropped.users:
+                gm.graph.erase_node(dropped)
+        return
+    with gm.graph.inserting_before(node):
+        lowered = gm.graph.call_function(target, args, extra)
+    lowered.meta["torchquant_qparams"] = (scale, zp)
+    _finish(gm, lowered, quant_out, [node, dq])
