@@ -19,13 +19,15 @@ from torch.fx import GraphModule
 
 from .backend_config import BackendConfig, get_native_backend_config
 from .backend_config.utils import get_module_to_qat_module
-from .fx.convert import convert_to_reference, lower_to_torchquant, remove_qconfigs
+from .fx.convert import (convert_to_reference, keep_quantized_outputs, lower_to_torchquant,
+                         mark_quantized_inputs, remove_qconfigs, swap_custom_modules)
 from .fx.custom_config import ConvertCustomConfig, FuseCustomConfig, PrepareCustomConfig
 from .fx.fuse import _set_module, fuse_graph_module
 from .fx.prepare import (annotate_tensor_nodes, generate_node_name_to_qconfig, insert_observers,
-                         plan_patterns, update_qconfig_for_fusion)
+                         plan_custom_modules, plan_patterns, update_qconfig_for_fusion)
 from .fx.tracer import trace_for_quantization
 from .qconfig import QConfigMapping, qconfig_equals
+from .quant_type import QuantType
 
 _PREPARED_KEY = "_torchquant_observed_graph_module_attrs"
 
@@ -117,17 +119,13 @@ def _prepare(model: torch.nn.Module, qconfig_mapping: Any, is_qat: bool,
     if not is_qat and model.training:
         raise ValueError("prepare_fx is post-training quantization and expects a model in eval "
                          "mode (call model.eval()); use prepare_qat_fx for QAT")
-    unsupported = [name for name, value in (
-        ("standalone modules", custom.standalone_module_names or custom.standalone_module_classes),
-        ("custom module swaps", any(custom.float_to_observed_mapping.values())
-         if custom.float_to_observed_mapping else False),
-        ("input_quantized_indexes", custom.input_quantized_indexes),
-        ("output_quantized_indexes", custom.output_quantized_indexes)) if value]
-    if unsupported:
-        raise NotImplementedError(f"{what}: {', '.join(unsupported)} in PrepareCustomConfig are "
-                                  "not supported by torchquant's FX workflow yet")
+    if custom.standalone_module_names or custom.standalone_module_classes:
+        raise NotImplementedError(f"{what}: standalone modules in PrepareCustomConfig are not "
+                                  "supported by torchquant's FX workflow yet")
+    float_to_observed = dict(custom.float_to_observed_mapping.get(QuantType.STATIC, {}))
     gm, scopes = _trace_and_fuse(model, backend, is_qat, custom.non_traceable_module_names,
-                                 custom.non_traceable_module_classes)
+                                 list(custom.non_traceable_module_classes)
+                                 + list(float_to_observed))
     mapping = update_qconfig_for_fusion(gm, mapping)
     modules = dict(gm.named_modules(remove_duplicate=False))
     node_name_to_qconfig = generate_node_name_to_qconfig(gm, modules, mapping, scopes)
@@ -136,7 +134,11 @@ def _prepare(model: torch.nn.Module, qconfig_mapping: Any, is_qat: bool,
         modules = dict(gm.named_modules(remove_duplicate=False))
     tensor_nodes = annotate_tensor_nodes(gm, example_inputs)
     plans, float_reasons = plan_patterns(gm, modules, node_name_to_qconfig, backend, tensor_nodes)
-    insert_observers(gm, modules, plans, tensor_nodes)
+    custom_nodes = plan_custom_modules(gm, modules, node_name_to_qconfig, float_to_observed, plans)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    quantized_inputs = frozenset(placeholders[i].name for i in custom.input_quantized_indexes
+                                 if i < len(placeholders))
+    insert_observers(gm, modules, plans, tensor_nodes, quantized_inputs)
     gm.graph.lint()
     gm.recompile()
     state = {
@@ -149,6 +151,9 @@ def _prepare(model: torch.nn.Module, qconfig_mapping: Any, is_qat: bool,
         "_quantized_root_configs": {name: plan.config for name, plan in plans.items()
                                     if plan.root.name == name},
         "_float_node_reasons": float_reasons,
+        "_custom_module_nodes": custom_nodes,
+        "_input_quantized_indexes": list(custom.input_quantized_indexes),
+        "_output_quantized_indexes": list(custom.output_quantized_indexes),
     }
     gm.meta[_PREPARED_KEY] = state
     for name, value in state.items():
@@ -222,12 +227,16 @@ def _convert(graph_module: GraphModule, convert_custom_config: Any, qconfig_mapp
     _check_convert_mapping(graph_module, qconfig_mapping)
     backend = _backend_config(backend_config)
     gm = copy.deepcopy(graph_module)
-    gm = convert_to_reference(gm, backend,
-                              graph_module.meta[_PREPARED_KEY]["_quantized_root_configs"],
+    state = graph_module.meta[_PREPARED_KEY]
+    gm = convert_to_reference(gm, backend, state["_quantized_root_configs"],
                               remove_qconfig=is_reference)
+    mark_quantized_inputs(gm, state.get("_input_quantized_indexes", []))
+    swap_custom_modules(gm, state.get("_custom_module_nodes", []),
+                        custom.observed_to_quantized_mapping.get(QuantType.STATIC, {}))
     if not is_reference:
         gm = lower_to_torchquant(gm, backend)
         remove_qconfigs(gm)
+    keep_quantized_outputs(gm, state.get("_output_quantized_indexes", []))
     _warn_float_nodes(graph_module, what)
     gm.meta.pop(_PREPARED_KEY, None)
     _copy_preserved(graph_module, gm, custom.preserved_attributes)

@@ -39,7 +39,8 @@ from ..utils import get_qparam_dict, is_per_channel
 from .fuse import _set_module
 
 __all__ = ["quantize_per_tensor", "quantize_per_channel", "quantize_per_tensor_dynamic",
-           "round_to_float16", "convert_to_reference", "lower_to_torchquant", "remove_qconfigs"]
+           "round_to_float16", "convert_to_reference", "lower_to_torchquant", "remove_qconfigs",
+           "mark_quantized_inputs", "swap_custom_modules", "keep_quantized_outputs"]
 
 
 def quantize_per_tensor(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
@@ -819,3 +820,94 @@ def _lower_functional(gm: GraphModule, node: Node) -> None:
         lowered = gm.graph.call_function(target, args, extra)
     lowered.meta["torchquant_qparams"] = (scale, zp)
     _finish(gm, lowered, quant_out, [node, dq])
+
+
+# ---------------------------------------------------------------------------------------------
+# quantized graph inputs / outputs and custom modules (PrepareCustomConfig /
+# ConvertCustomConfig)
+
+def _quantize_node_qparams(gm: GraphModule, node: Node) -> Optional[tuple[float, int]]:
+    """(scale, zero_point) of a per-tensor quantize node (buffers or inlined numbers)."""
+    if not (isinstance(node, Node) and node.op == "call_function"
+            and node.target is quantize_per_tensor):
+        return None
+    _, scale, zero_point, _ = node.args
+    if isinstance(scale, Node):
+        scale, zero_point = _attr_value(gm, scale), _attr_value(gm, zero_point)
+    return float(scale), int(zero_point)
+
+
+def mark_quantized_inputs(gm: GraphModule, indexes: list[int]) -> None:
+    """The placeholders at ``indexes`` receive QTensors: each use gets a ``dequantize`` (as in
+    torch), which the lowering then folds into the quantized op that consumes it."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i in indexes:
+        if i >= len(placeholders):
+            continue
+        node = placeholders[i]
+        node.meta["torchquant_qparams"] = None          # known only at run time
+        for user in list(node.users):
+            with gm.graph.inserting_before(user):
+                dequant = gm.graph.call_method("dequantize", (node,))
+            user.replace_input_with(node, dequant)
+    gm.graph.lint()
+    gm.recompile()
+
+
+def swap_custom_modules(gm: GraphModule, node_names: list[str],
+                        observed_to_quantized: dict[type, type]) -> None:
+    """Observed custom modules -> ``quantized_class.from_observed(module)``, taking the
+    quantized input and producing the quantized output directly (the dequantize before and
+    the quantize after them are removed, as in torch)."""
+    wanted = set(node_names)
+    modules = dict(gm.named_modules(remove_duplicate=False))
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module" or node.name not in wanted:
+            continue
+        observed = modules[str(node.target)]
+        quantized_cls = observed_to_quantized.get(type(observed))
+        if quantized_cls is None:
+            raise ValueError(f"convert: no observed_to_quantized mapping for the custom module "
+                             f"'{node.target}' ({type(observed).__name__}); add one with "
+                             "ConvertCustomConfig().set_observed_to_quantized_mapping")
+        _set_module(gm, str(node.target), quantized_cls.from_observed(observed))
+        dq = node.args[0] if node.args else None
+        if isinstance(dq, Node) and dq.op == "call_method" and dq.target == "dequantize":
+            node.args = (dq.args[0], *node.args[1:])
+            if not dq.users:
+                gm.graph.erase_node(dq)
+        users = list(node.users)
+        qparams = _quantize_node_qparams(gm, users[0]) if len(users) == 1 else None
+        if qparams is not None:
+            quant = users[0]
+            quant.replace_all_uses_with(node)
+            gm.graph.erase_node(quant)
+            node.meta["torchquant_qparams"] = qparams
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+
+
+def keep_quantized_outputs(gm: GraphModule, indexes: list[int]) -> None:
+    """Graph outputs at ``indexes`` (of the output tuple / list, or 0 for a single output) are
+    returned quantized: their final ``dequantize`` is dropped."""
+    if not indexes:
+        return
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    value = output.args[0]
+
+    def strip(v: Any) -> Any:
+        if isinstance(v, Node) and v.op == "call_method" and v.target == "dequantize" and \
+                isinstance(v.args[0], Node) and ("torchquant_qparams" in v.args[0].meta
+                                                 or _is_quantize(v.args[0])):
+            return v.args[0]
+        return v
+
+    if isinstance(value, (tuple, list)):
+        value = type(value)(strip(v) if i in indexes else v for i, v in enumerate(value))
+    elif 0 in indexes:
+        value = strip(value)
+    output.args = (value,)
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()

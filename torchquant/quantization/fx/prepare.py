@@ -32,7 +32,8 @@ from ..utils import Pattern
 from .match_utils import find_matches, flatten_node_pattern, root_node_of
 
 __all__ = ["update_qconfig_for_fusion", "generate_node_name_to_qconfig", "insert_observers",
-           "is_observer_node", "annotate_tensor_nodes", "dtype_config_for", "needs_observer"]
+           "is_observer_node", "annotate_tensor_nodes", "dtype_config_for", "needs_observer",
+           "plan_custom_modules"]
 
 
 def _parent_name(name: str) -> str:
@@ -340,8 +341,43 @@ def _observer_dtype(node: Node, modules: dict[str, torch.nn.Module]) -> Any:
     return modules[str(node.target)].dtype
 
 
+def plan_custom_modules(gm: GraphModule, modules: dict[str, torch.nn.Module],
+                        node_name_to_qconfig: dict[str, QConfigAny],
+                        float_to_observed: dict[type, type],
+                        plans: dict[str, _PatternPlan]) -> list[str]:
+    """Swap each custom module (a ``float_to_observed`` class with a static qconfig) for
+    ``observed_class.from_float(module)`` and observe its input and output like any quantized
+    op (torch's custom module handling).  Returns the names of the custom module nodes."""
+    names = []
+    for node in gm.graph.nodes:
+        if node.op != "call_module":
+            continue
+        module = modules.get(str(node.target))
+        observed_cls = float_to_observed.get(type(module))
+        qconfig = node_name_to_qconfig.get(node.name)
+        if observed_cls is None or qconfig is None:
+            continue
+        activation = qconfig.activation()
+        if getattr(activation, "is_dynamic", False) or not _is_quantized_dtype(activation.dtype):
+            continue
+        observed = observed_cls.from_float(module)
+        path = str(node.target)
+        parent_path, _, attr = path.rpartition(".")
+        setattr(gm.get_submodule(parent_path) if parent_path else gm, attr, observed)
+        modules[path] = observed
+        dtype_config = DTypeConfig(input_dtype=activation.dtype, output_dtype=activation.dtype)
+        plan = _PatternPlan(qconfig, None, dtype_config, node, node, [node])
+        plan.input_type_to_index = {}
+        plans[node.name] = plan
+        names.append(node.name)
+    return names
+
+
 def insert_observers(gm: GraphModule, modules: dict[str, torch.nn.Module],
-                     plans: dict[str, _PatternPlan], tensor_nodes: set[str]) -> None:
+                     plans: dict[str, _PatternPlan], tensor_nodes: set[str],
+                     quantized_inputs: frozenset = frozenset()) -> None:
+    """``quantized_inputs``: placeholder names the user feeds already quantized
+    (``input_quantized_indexes``): never observed."""
     graph = gm.graph
     for node in list(graph.nodes):
         if node.op in ("placeholder", "output", "get_attr") or is_observer_node(node, modules):
@@ -350,7 +386,7 @@ def insert_observers(gm: GraphModule, modules: dict[str, torch.nn.Module],
         if plan is None or plan.not_observed:
             continue
         if plan.root is node:
-            _insert_input_observers(gm, modules, node, plan, tensor_nodes)
+            _insert_input_observers(gm, modules, node, plan, tensor_nodes, quantized_inputs)
         if plan.last is node and _is_quantized_dtype(plan.dtype_config.output_dtype):
             activation = plan.qconfig.activation()
             if isinstance(activation, ReuseInputObserver):
@@ -362,7 +398,8 @@ def insert_observers(gm: GraphModule, modules: dict[str, torch.nn.Module],
 
 
 def _insert_input_observers(gm: GraphModule, modules: dict[str, torch.nn.Module], node: Node,
-                            plan: _PatternPlan, tensor_nodes: set[str]) -> None:
+                            plan: _PatternPlan, tensor_nodes: set[str],
+                            quantized_inputs: frozenset) -> None:
     index_of = plan.input_type_to_index
     weight_index, bias_index = index_of.get("weight"), index_of.get("bias")
     if plan.share:
@@ -379,7 +416,7 @@ def _insert_input_observers(gm: GraphModule, modules: dict[str, torch.nn.Module]
                 positions.append((i, a))
         positions.extend((k, v) for k, v in node.kwargs.items())
     for index, arg in positions:
-        if not isinstance(arg, Node):
+        if not isinstance(arg, Node) or arg.name in quantized_inputs:
             continue
         if index is not None and (index == bias_index or index == "bias"):
             continue
