@@ -177,3 +177,73 @@ def test_custom_module_without_quantized_mapping_is_a_clear_error():
     prepared(torch.randn(2, 4))
     with pytest.raises(ValueError, match="set_observed_to_quantized_mapping"):
         quantize_fx.convert_fx(prepared)
+
+
+class Sub(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.lin2 = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin2(torch.relu(self.lin(x)))
+
+
+class WithStandalone(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(4, 4)
+        self.sub = Sub()
+        self.fc2 = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc2(self.sub(self.fc1(x)))
+
+
+def _module_types(gm):
+    return {n: type(m).__name__ for n, m in gm.named_modules() if "_packed_params" not in n}
+
+
+@pytest.mark.parametrize("quantized_io", [False, True])
+@pytest.mark.parametrize("by", ["name", "class"])
+def test_standalone_modules_match_torch(by, quantized_io):
+    """The standalone module is prepared / converted as a GraphModule of its own; the parent
+    observes only the inputs it takes quantized and never its output (torch's rules: with a
+    float standalone output, fc2 stays a reference Linear in both)."""
+    torch.manual_seed(0)
+    model = WithStandalone().eval()
+    example = (torch.randn(2, 4),)
+
+    def configs(cc):
+        child = None
+        if quantized_io:
+            child = cc.PrepareCustomConfig().set_input_quantized_indexes([0]) \
+                .set_output_quantized_indexes([0])
+        if by == "name":
+            return cc.PrepareCustomConfig().set_standalone_module_name("sub", None, example,
+                                                                       child, None)
+        return cc.PrepareCustomConfig().set_standalone_module_class(Sub, None, example, child,
+                                                                    None)
+
+    ours = quantize_fx.prepare_fx(model, get_default_qconfig_mapping("x86"), example,
+                                  prepare_custom_config=configs(tq_cc))
+    theirs = ao_fx.prepare_fx(copy.deepcopy(model), ao.get_default_qconfig_mapping("x86"),
+                              example, prepare_custom_config=configs(ao_cc))
+    assert isinstance(ours.sub, torch.fx.GraphModule)
+    assert _placement(ours) == _placement(theirs)
+    assert _placement(ours.sub) == _placement(theirs.sub)
+    for _ in range(3):
+        x = torch.randn(2, 4)
+        ours(x)
+        theirs(x)
+    q_ours, q_theirs = quantize_fx.convert_fx(ours), ao_fx.convert_fx(theirs)
+    assert _module_types(q_ours) == _module_types(q_theirs)
+    x = torch.randn(2, 4)
+    # One output step (~0.007) of tolerance: on this AVX2 machine torch's whole converted model
+    # differed by one step in one element from torch's own converted layers called one by one
+    # on the same quantized input (and those agree with ours bit for bit); the cause inside
+    # torch's kernels (see the int8 GEMM notes in tests/conftest.py) was not pinned down.
+    torch.testing.assert_close(q_ours(x), q_theirs(x), rtol=0, atol=0.01)
+    # (torch 2.13's own reference model of a standalone module fails to run; ours runs)
+    ref = quantize_fx.convert_to_reference_fx(ours)
+    assert ref(x).shape == (2, 4)

@@ -40,7 +40,8 @@ from .fuse import _set_module
 
 __all__ = ["quantize_per_tensor", "quantize_per_channel", "quantize_per_tensor_dynamic",
            "round_to_float16", "convert_to_reference", "lower_to_torchquant", "remove_qconfigs",
-           "mark_quantized_inputs", "swap_custom_modules", "keep_quantized_outputs"]
+           "mark_quantized_inputs", "swap_custom_modules", "keep_quantized_outputs",
+           "rewire_standalone_module"]
 
 
 def quantize_per_tensor(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
@@ -844,12 +845,38 @@ def mark_quantized_inputs(gm: GraphModule, indexes: list[int]) -> None:
     for i in indexes:
         if i >= len(placeholders):
             continue
-        node = placeholders[i]
-        node.meta["torchquant_qparams"] = None          # known only at run time
-        for user in list(node.users):
-            with gm.graph.inserting_before(user):
-                dequant = gm.graph.call_method("dequantize", (node,))
-            user.replace_input_with(node, dequant)
+        _dequantize_uses(gm, placeholders[i])
+    gm.graph.lint()
+    gm.recompile()
+
+
+def _dequantize_uses(gm: GraphModule, node: Node) -> None:
+    """``node`` yields a QTensor whose qparams are known only at run time: each use gets a
+    ``dequantize``."""
+    node.meta["torchquant_qparams"] = None
+    for user in list(node.users):
+        with gm.graph.inserting_before(user):
+            dequant = gm.graph.call_method("dequantize", (node,))
+        user.replace_input_with(node, dequant)
+
+
+def rewire_standalone_module(gm: GraphModule, node_name: str, input_indexes: list[int],
+                             output_quantized: bool) -> None:
+    """Around a converted standalone module: its quantized inputs are passed as QTensors (the
+    dequantize before them is dropped) and a quantized output is dequantized for its users."""
+    node = next(n for n in gm.graph.nodes if n.name == node_name)
+    args = list(node.args)
+    for i in input_indexes:
+        arg = args[i] if i < len(args) else None
+        if isinstance(arg, Node) and arg.op == "call_method" and arg.target == "dequantize":
+            args[i] = arg.args[0]
+    old_args = node.args
+    node.args = tuple(args)
+    for arg in old_args:
+        if isinstance(arg, Node) and arg.op == "call_method" and not arg.users:
+            gm.graph.erase_node(arg)
+    if output_quantized:
+        _dequantize_uses(gm, node)
     gm.graph.lint()
     gm.recompile()
 

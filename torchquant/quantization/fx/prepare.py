@@ -33,7 +33,7 @@ from .match_utils import find_matches, flatten_node_pattern, root_node_of
 
 __all__ = ["update_qconfig_for_fusion", "generate_node_name_to_qconfig", "insert_observers",
            "is_observer_node", "annotate_tensor_nodes", "dtype_config_for", "needs_observer",
-           "plan_custom_modules"]
+           "plan_custom_modules", "plan_standalone_module"]
 
 
 def _parent_name(name: str) -> str:
@@ -255,6 +255,7 @@ class _PatternPlan:
 
     observation_type: ObservationType = ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT
     dynamic: bool = False
+    only_inputs: Optional[set[int]] = None       # standalone modules: the observed positions
 
     @property
     def share(self) -> bool:
@@ -373,6 +374,23 @@ def plan_custom_modules(gm: GraphModule, modules: dict[str, torch.nn.Module],
     return names
 
 
+def plan_standalone_module(node: Node, qconfig: QConfigAny, input_indexes: list[int],
+                           plans: dict[str, _PatternPlan]) -> None:
+    """A standalone module node: the parent observes only the inputs the standalone module
+    takes quantized (its ``input_quantized_indexes``), never its output (torch's rule)."""
+    plans.pop(node.name, None)
+    if qconfig is None or not input_indexes:
+        return
+    activation = qconfig.activation()
+    if getattr(activation, "is_dynamic", False) or not _is_quantized_dtype(activation.dtype):
+        return
+    plan = _PatternPlan(qconfig, None, DTypeConfig(input_dtype=activation.dtype), node, node,
+                        [node])
+    plan.input_type_to_index = {}
+    plan.only_inputs = set(input_indexes)
+    plans[node.name] = plan
+
+
 def insert_observers(gm: GraphModule, modules: dict[str, torch.nn.Module],
                      plans: dict[str, _PatternPlan], tensor_nodes: set[str],
                      quantized_inputs: frozenset = frozenset()) -> None:
@@ -415,6 +433,8 @@ def _insert_input_observers(gm: GraphModule, modules: dict[str, torch.nn.Module]
             else:
                 positions.append((i, a))
         positions.extend((k, v) for k, v in node.kwargs.items())
+    if plan.only_inputs is not None:
+        positions = [(i, a) for i, a in positions if i in plan.only_inputs]
     for index, arg in positions:
         if not isinstance(arg, Node) or arg.name in quantized_inputs:
             continue
