@@ -6,7 +6,8 @@ the matched patterns and the resolved qconfigs, then converted to a reference mo
 dequantize nodes, ``nn.quantized.reference`` modules) and lowered to torchquant's quantized
 modules and QTensor ops.  Static int8 patterns (per-tensor activations), dynamic int8 / float16
 qconfigs (Linear, F.linear, LSTM / GRU and the RNN cells lower to ``nn.quantized.dynamic``
-modules) and weight-only embeddings are supported.
+modules) and weight-only embeddings are supported, as are PrepareCustomConfig's standalone
+modules, custom module swaps and quantized graph inputs / outputs.
 """
 from __future__ import annotations
 
