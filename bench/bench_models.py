@@ -7,6 +7,8 @@
 * all-MiniLM-L6-v2 (real weights, if installed): quantize_dynamic on its Linear layers,
   batch 1 and 32 at sequence 128, default dynamic qconfig on both sides, plus torchquant's
   per_token_dynamic_qconfig.
+* The same CNN through FX graph mode (batch 1 and 8): torchquant's prepare_fx / convert_fx vs
+  torch.ao's quantize_fx, x86 backend config and default qconfig mapping on both sides.
 """
 from __future__ import annotations
 
@@ -70,6 +72,48 @@ def cnn_rows(timing: dict) -> list:
     return rows, sizes
 
 
+def fx_cnn_rows(timing: dict) -> list:
+    """The ResNet-18-shaped CNN through FX graph mode: torchquant's quantize_fx vs torch.ao's
+    (x86 backend config and default qconfig mapping on both sides, same calibration)."""
+    import torch.ao.nn.quantized as ao_nnq
+    import torch.ao.quantization as aoq
+    import torch.ao.quantization.quantize_fx as ao_fx
+    from torch.ao.quantization.backend_config.x86 import get_x86_backend_config as ao_x86_config
+    from torchquant.examples.resnet import ResNet18, randomize_bn
+    from torchquant.quantization import quantize_fx as tq_fx
+    from torchquant.quantization.backend_config.x86 import get_x86_backend_config
+    from torchquant.quantization.qconfig import get_default_qconfig_mapping
+    ao_ops = SimpleNamespace(QuantStub=aoq.QuantStub, DeQuantStub=aoq.DeQuantStub,
+                             FloatFunctional=ao_nnq.FloatFunctional)
+    torch.manual_seed(0)
+    float_model = randomize_bn(ResNet18()).eval()
+    ao_model = ResNet18(ops=ao_ops).eval()
+    ao_model.load_state_dict(float_model.state_dict())
+    calib = torch.randn(4, 3, 224, 224)
+    example = (calib[:1],)
+    ours = tq_fx.prepare_fx(float_model, get_default_qconfig_mapping("x86"), example,
+                            backend_config=get_x86_backend_config())
+    theirs = ao_fx.prepare_fx(copy.deepcopy(ao_model), aoq.get_default_qconfig_mapping("x86"),
+                              example, backend_config=ao_x86_config())
+    with torch.no_grad():
+        ours(calib)
+        theirs(calib)
+    ours = tq_fx.convert_fx(ours, backend_config=get_x86_backend_config())
+    theirs = ao_fx.convert_fx(theirs, backend_config=ao_x86_config())
+    rows = []
+    for batch in (1, 8):
+        x = torch.randn(batch, 3, 224, 224)
+        with torch.no_grad():
+            ref, out = theirs(x), ours(x)
+            sqnr = (20 * torch.log10(ref.norm() / (ref - out).norm().clamp_min(1e-12))).item()
+            if sqnr < 30:
+                raise AssertionError(f"FX: ours vs torch.ao FX SQNR {sqnr:.1f} dB < 30")
+            t = best_times({"ours": lambda: ours(x), "torch.ao": lambda: theirs(x),
+                            "float": lambda: float_model(x)}, **timing)
+        rows.append((f"ResNet-18 FX batch {batch}", t))
+    return rows
+
+
 def minilm_rows(timing: dict) -> list:
     from torchquant.examples import minilm
     if not minilm.available():
@@ -122,6 +166,10 @@ def main() -> None:
         print(f"{name}: compiled / eager {t['compiled'] / t['ours']:.2f}")
     print(f"\nsize MB: ours {sizes['ours']:.2f}, torch.ao {sizes['torch.ao']:.2f}, float "
           f"{sizes['float']:.2f}; ours/float {sizes['ours'] / sizes['float']:.3f}")
+    rows = fx_cnn_rows(timing)
+    print("\n## ResNet-18-shaped CNN through FX graph mode (prepare_fx / convert_fx, x86 backend "
+          "config; torch.ao = torch.ao's quantize_fx)\n")
+    show(rows, ["ours", "torch.ao", "float"])
     rows = minilm_rows(timing)
     if rows:
         print("\n## all-MiniLM-L6-v2 encoder (dynamic Linear)\n")

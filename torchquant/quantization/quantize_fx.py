@@ -4,8 +4,10 @@
 The user's model is deep-copied, symbolically traced, fused per the BackendConfig, observed per
 the matched patterns and the resolved qconfigs, then converted to a reference model (quantize /
 dequantize nodes, ``nn.quantized.reference`` modules) and lowered to torchquant's quantized
-modules and QTensor ops.  Supported subset: static int8 patterns (per-tensor activations);
-dynamic qconfigs, standalone / custom modules and quantized graph inputs / outputs are not.
+modules and QTensor ops.  Static int8 patterns (per-tensor activations), dynamic int8 / float16
+qconfigs (Linear, F.linear, LSTM / GRU and the RNN cells lower to ``nn.quantized.dynamic``
+modules) and weight-only embeddings are supported, as are PrepareCustomConfig's standalone
+modules, custom module swaps and quantized graph inputs / outputs.
 """
 from __future__ import annotations
 
@@ -18,13 +20,17 @@ from torch.fx import GraphModule
 
 from .backend_config import BackendConfig, get_native_backend_config
 from .backend_config.utils import get_module_to_qat_module
-from .fx.convert import convert_to_reference, lower_to_torchquant
+from .fx.convert import (convert_to_reference, keep_quantized_outputs, lower_to_torchquant,
+                         mark_quantized_inputs, remove_qconfigs, rewire_standalone_module,
+                         swap_custom_modules)
 from .fx.custom_config import ConvertCustomConfig, FuseCustomConfig, PrepareCustomConfig
 from .fx.fuse import _set_module, fuse_graph_module
 from .fx.prepare import (annotate_tensor_nodes, generate_node_name_to_qconfig, insert_observers,
-                         plan_patterns, update_qconfig_for_fusion)
+                         plan_custom_modules, plan_patterns, plan_standalone_module,
+                         update_qconfig_for_fusion)
 from .fx.tracer import trace_for_quantization
 from .qconfig import QConfigMapping, qconfig_equals
+from .quant_type import QuantType
 
 _PREPARED_KEY = "_torchquant_observed_graph_module_attrs"
 
@@ -116,17 +122,13 @@ def _prepare(model: torch.nn.Module, qconfig_mapping: Any, is_qat: bool,
     if not is_qat and model.training:
         raise ValueError("prepare_fx is post-training quantization and expects a model in eval "
                          "mode (call model.eval()); use prepare_qat_fx for QAT")
-    unsupported = [name for name, value in (
-        ("standalone modules", custom.standalone_module_names or custom.standalone_module_classes),
-        ("custom module swaps", any(custom.float_to_observed_mapping.values())
-         if custom.float_to_observed_mapping else False),
-        ("input_quantized_indexes", custom.input_quantized_indexes),
-        ("output_quantized_indexes", custom.output_quantized_indexes)) if value]
-    if unsupported:
-        raise NotImplementedError(f"{what}: {', '.join(unsupported)} in PrepareCustomConfig are "
-                                  "not supported by torchquant's FX workflow yet")
-    gm, scopes = _trace_and_fuse(model, backend, is_qat, custom.non_traceable_module_names,
-                                 custom.non_traceable_module_classes)
+    float_to_observed = dict(custom.float_to_observed_mapping.get(QuantType.STATIC, {}))
+    gm, scopes = _trace_and_fuse(model, backend, is_qat,
+                                 list(custom.non_traceable_module_names)
+                                 + list(custom.standalone_module_names),
+                                 list(custom.non_traceable_module_classes)
+                                 + list(float_to_observed)
+                                 + list(custom.standalone_module_classes))
     mapping = update_qconfig_for_fusion(gm, mapping)
     modules = dict(gm.named_modules(remove_duplicate=False))
     node_name_to_qconfig = generate_node_name_to_qconfig(gm, modules, mapping, scopes)
@@ -135,7 +137,30 @@ def _prepare(model: torch.nn.Module, qconfig_mapping: Any, is_qat: bool,
         modules = dict(gm.named_modules(remove_duplicate=False))
     tensor_nodes = annotate_tensor_nodes(gm, example_inputs)
     plans, float_reasons = plan_patterns(gm, modules, node_name_to_qconfig, backend, tensor_nodes)
-    insert_observers(gm, modules, plans, tensor_nodes)
+    custom_nodes = plan_custom_modules(gm, modules, node_name_to_qconfig, float_to_observed, plans)
+    standalone = _standalone_entries(gm, modules, custom)
+    standalone_indexes = {}
+    for name, (node, entry) in standalone.items():
+        child_custom = _coerce_config(entry.prepare_custom_config, PrepareCustomConfig,
+                                      "prepare_custom_config")
+        standalone_indexes[name] = (list(child_custom.input_quantized_indexes),
+                                    list(child_custom.output_quantized_indexes))
+        float_reasons.pop(name, None)
+        plan_standalone_module(node, node_name_to_qconfig.get(name),
+                               standalone_indexes[name][0], plans)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    # values that are never observed: inputs the caller quantizes, standalone module outputs
+    never_observed = frozenset([placeholders[i].name for i in custom.input_quantized_indexes
+                                if i < len(placeholders)] + list(standalone))
+    insert_observers(gm, modules, plans, tensor_nodes, never_observed)
+    for name, (node, entry) in standalone.items():
+        child = _prepare(modules[str(node.target)],
+                         entry.qconfig_mapping if entry.qconfig_mapping is not None
+                         else qconfig_mapping, is_qat, entry.example_inputs,
+                         entry.prepare_custom_config,
+                         entry.backend_config if entry.backend_config is not None else backend,
+                         f"{what} (standalone module '{node.target}')")
+        _set_module(gm, str(node.target), child)
     gm.graph.lint()
     gm.recompile()
     state = {
@@ -146,14 +171,35 @@ def _prepare(model: torch.nn.Module, qconfig_mapping: Any, is_qat: bool,
         "_prepare_custom_config": custom,
         "_equalization_node_name_to_qconfig": {},
         "_quantized_root_configs": {name: plan.config for name, plan in plans.items()
-                                    if plan.root.name == name},
+                                    if plan.root.name == name and name not in standalone},
         "_float_node_reasons": float_reasons,
+        "_custom_module_nodes": custom_nodes,
+        "_input_quantized_indexes": list(custom.input_quantized_indexes),
+        "_output_quantized_indexes": list(custom.output_quantized_indexes),
+        "_standalone_module_indexes": standalone_indexes,
+        "_backend_config": backend,
     }
     gm.meta[_PREPARED_KEY] = state
     for name, value in state.items():
         setattr(gm, name, value)
     _copy_preserved(model, gm, custom.preserved_attributes)
     return gm
+
+
+def _standalone_entries(gm: GraphModule, modules: dict[str, torch.nn.Module],
+                        custom: PrepareCustomConfig) -> dict[str, tuple[Any, Any]]:
+    """node name -> (node, StandaloneModuleConfigEntry) of the standalone module calls (by
+    module name first, then by class)."""
+    found = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_module":
+            continue
+        entry = custom.standalone_module_names.get(str(node.target))
+        if entry is None:
+            entry = custom.standalone_module_classes.get(type(modules.get(str(node.target))))
+        if entry is not None:
+            found[node.name] = (node, entry)
+    return found
 
 
 def _swap_qat_modules(gm: GraphModule, modules: dict[str, torch.nn.Module],
@@ -221,9 +267,26 @@ def _convert(graph_module: GraphModule, convert_custom_config: Any, qconfig_mapp
     _check_convert_mapping(graph_module, qconfig_mapping)
     backend = _backend_config(backend_config)
     gm = copy.deepcopy(graph_module)
-    gm = convert_to_reference(gm, backend, graph_module.meta[_PREPARED_KEY]["_quantized_root_configs"])
+    state = graph_module.meta[_PREPARED_KEY]
+    standalone = state.get("_standalone_module_indexes", {})
+    for name in standalone:       # each standalone module converts as a unit of its own
+        node = next(n for n in gm.graph.nodes if n.name == name)
+        child = gm.get_submodule(str(node.target))
+        child_backend = child.meta[_PREPARED_KEY].get("_backend_config", backend)
+        _set_module(gm, str(node.target),
+                    _convert(child, None, None, child_backend, is_reference,
+                             f"{what} (standalone module '{node.target}')"))
+    gm = convert_to_reference(gm, backend, state["_quantized_root_configs"],
+                              remove_qconfig=is_reference)
+    mark_quantized_inputs(gm, state.get("_input_quantized_indexes", []))
+    swap_custom_modules(gm, state.get("_custom_module_nodes", []),
+                        custom.observed_to_quantized_mapping.get(QuantType.STATIC, {}))
+    for name, (input_indexes, output_indexes) in standalone.items():
+        rewire_standalone_module(gm, name, input_indexes, 0 in output_indexes)
     if not is_reference:
         gm = lower_to_torchquant(gm, backend)
+        remove_qconfigs(gm)
+    keep_quantized_outputs(gm, state.get("_output_quantized_indexes", []))
     _warn_float_nodes(graph_module, what)
     gm.meta.pop(_PREPARED_KEY, None)
     _copy_preserved(graph_module, gm, custom.preserved_attributes)

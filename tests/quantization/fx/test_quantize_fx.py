@@ -545,12 +545,3 @@ def test_module_name_applies_to_submodule_functions_like_torch(disable):
         [type(m).__name__ for _, m in q_theirs.named_modules()][1:]
     x = torch.rand(2, 3, 6, 6)
     torch.testing.assert_close(q_ours(x), q_theirs(x), rtol=0, atol=0)
-
-
-def test_dynamic_qconfig_is_reported_not_silently_wrong():
-    from torchquant.quantization.qconfig import default_dynamic_qconfig
-    mapping = QConfigMapping().set_global(default_dynamic_qconfig)
-    with pytest.warns(UserWarning, match="dynamic"):
-        prepared = quantize_fx.prepare_fx(MLP().eval(), mapping, (torch.randn(2, 16),))
-    assert not any(str(n).startswith("activation_post_process")
-                   for n, _ in prepared.named_children())

@@ -16,14 +16,20 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
+from torch.fx.operator_schemas import normalize_function
 
 from ... import dtypes as _dt
 from ...tensor_functions import quantize_per_channel as _quantize_per_channel
 from ...tensor_functions import quantize_per_tensor as _quantize_per_tensor
+from ...tensor_functions import quantize_per_tensor_dynamic as _quantize_per_tensor_dynamic
 from ...nn import intrinsic as nni
 from ...nn.intrinsic import quantized as nniq
 from ...nn import quantized as nnq
 from ...nn.quantized import _binary
+from ...nn.quantized import _normalization
+from ...nn.quantized import functional as qF
+from ...nn.quantized import dynamic as nnqd
+from ...nn.intrinsic.quantized import dynamic as nniqd
 from ...nn.quantized import reference as nnqr
 from ..backend_config import BackendConfig
 from ..backend_config.utils import get_root_module_to_quantized_reference_module
@@ -32,8 +38,10 @@ from ..observer import ObserverBase
 from ..utils import get_qparam_dict, is_per_channel
 from .fuse import _set_module
 
-__all__ = ["quantize_per_tensor", "quantize_per_channel", "convert_to_reference",
-           "lower_to_torchquant"]
+__all__ = ["quantize_per_tensor", "quantize_per_channel", "quantize_per_tensor_dynamic",
+           "round_to_float16", "convert_to_reference", "lower_to_torchquant", "remove_qconfigs",
+           "mark_quantized_inputs", "swap_custom_modules", "keep_quantized_outputs",
+           "rewire_standalone_module"]
 
 
 def quantize_per_tensor(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
@@ -48,7 +56,21 @@ def quantize_per_channel(x: torch.Tensor, scales: torch.Tensor, zero_points: tor
     return _quantize_per_channel(x, scales, zero_points, axis, _dt.qdtype_of(qdtype_name))
 
 
+def quantize_per_tensor_dynamic(x: torch.Tensor, qdtype_name: str, reduce_range: bool
+                                ) -> torch.Tensor:
+    """Graph form of :func:`torchquant.quantize_per_tensor_dynamic` (qdtype by name)."""
+    return _quantize_per_tensor_dynamic(x, _dt.qdtype_of(qdtype_name), reduce_range)
+
+
+def round_to_float16(x: torch.Tensor) -> torch.Tensor:
+    """float16 "quantization" of a float32 value: the float16 rounding, back in float32 (the
+    reference form of torch's ``x.to(torch.float16).dequantize()``)."""
+    return x.to(torch.float16).to(x.dtype)
+
+
 _QUANTIZE_FUNCTIONS = (quantize_per_tensor, quantize_per_channel)
+# dynamic activations quantize with reduce_range as torch's fbgemm / x86 engines do
+_DYNAMIC_REDUCE_RANGE = True
 
 
 def _is_observer(module: Any) -> bool:
@@ -73,9 +95,23 @@ def _replace_observer(gm: GraphModule, node: Node, observer: torch.nn.Module) ->
     graph = gm.graph
     source = node.args[0]
     dtype = observer.dtype
+    if dtype is torch.float16:
+        with graph.inserting_before(node):
+            rounded = graph.call_function(round_to_float16, (source,))
+        node.replace_all_uses_with(rounded)
+        graph.erase_node(node)
+        return
     if getattr(observer, "is_dynamic", False):
-        raise NotImplementedError("FX convert: dynamic activation observers are not supported "
-                                  f"yet (observer {node.target})")
+        qdtype = _dt.to_qdtype(dtype)
+        with graph.inserting_before(node):
+            quant = graph.call_function(quantize_per_tensor_dynamic,
+                                        (source, qdtype.name, _DYNAMIC_REDUCE_RANGE))
+        for user in list(node.users):
+            with graph.inserting_before(user):
+                dequant = graph.call_method("dequantize", (quant,))
+            user.replace_input_with(node, dequant)
+        graph.erase_node(node)
+        return
     if not _dt.is_qdtype_like(dtype) or dtype in (torch.float16, torch.float32):
         node.replace_all_uses_with(source)
         graph.erase_node(node)
@@ -106,6 +142,23 @@ def _replace_observer(gm: GraphModule, node: Node, observer: torch.nn.Module) ->
 _QAT_TO_FLOAT_NEEDED = "to_float"
 
 
+def _rnn_weight_qparams(module: torch.nn.Module, qconfig: Any) -> dict[str, Any]:
+    """``weight_qparams_dict`` of a reference RNN cell / LSTM / GRU: one fresh weight observer
+    per weight matrix (only int8 observers see the weight, as in torch)."""
+    if isinstance(module, torch.nn.RNNCellBase):
+        names = ["weight_ih", "weight_hh"]
+    else:
+        names = [n for n in module._flat_weights_names if n.startswith("weight")]
+    result: dict[str, Any] = {"is_decomposed": False}
+    for name in names:
+        observer = qconfig.weight()
+        if _dt.is_qdtype_like(observer.dtype) and observer.dtype not in (torch.float16,
+                                                                         torch.float32):
+            observer(getattr(module, name))
+        result[name] = get_qparam_dict(observer)
+    return result
+
+
 def _reference_for(module: torch.nn.Module, qconfig: Any, root_to_ref: dict[type, type]
                    ) -> Optional[torch.nn.Module]:
     """The reference module for a float / fused / QAT weighted module (fused: element 0 is
@@ -116,7 +169,11 @@ def _reference_for(module: torch.nn.Module, qconfig: Any, root_to_ref: dict[type
         module = module.to_float()
     float_module = module[0] if isinstance(module, torch.nn.Sequential) else module
     ref_cls = root_to_ref.get(type(float_module))
-    if ref_cls is None or not hasattr(float_module, "weight"):
+    if ref_cls is None:
+        return None
+    if isinstance(float_module, (torch.nn.RNNCellBase, torch.nn.RNNBase)):
+        return ref_cls.from_float(float_module, _rnn_weight_qparams(float_module, qconfig))
+    if not hasattr(float_module, "weight"):
         return None
     if weight_post_process is None:
         weight_post_process = qconfig.weight()
@@ -128,9 +185,20 @@ def _reference_for(module: torch.nn.Module, qconfig: Any, root_to_ref: dict[type
     return ref
 
 
+def remove_qconfigs(gm: GraphModule) -> None:
+    for name, module in list(gm.named_modules(remove_duplicate=False)):
+        if hasattr(module, "qconfig"):
+            try:
+                del module.qconfig
+            except AttributeError:
+                pass
+
+
 def convert_to_reference(gm: GraphModule, backend_config: BackendConfig,
-                         quantized_roots: dict[str, Any]) -> GraphModule:
-    """Reference model, in place on ``gm`` (already a copy)."""
+                         quantized_roots: dict[str, Any], remove_qconfig: bool = True
+                         ) -> GraphModule:
+    """Reference model, in place on ``gm`` (already a copy).  ``remove_qconfig=False`` keeps
+    the modules' qconfigs for the lowering (a quantized PReLU observes its weight then)."""
     modules = dict(gm.named_modules(remove_duplicate=False))
     root_to_ref = get_root_module_to_quantized_reference_module(backend_config)
     for node in list(gm.graph.nodes):
@@ -146,12 +214,8 @@ def convert_to_reference(gm: GraphModule, backend_config: BackendConfig,
             ref = _reference_for(module, qconfig, root_to_ref)
             if ref is not None:
                 _set_module(gm, str(node.target), ref)
-    for name, module in list(gm.named_modules(remove_duplicate=False)):
-        if hasattr(module, "qconfig"):
-            try:
-                del module.qconfig
-            except AttributeError:
-                pass
+    if remove_qconfig:
+        remove_qconfigs(gm)
     gm.graph.eliminate_dead_code()
     for name, module in list(gm._modules.items()):
         if _is_observer(module):
@@ -171,11 +235,50 @@ _LOWER_MODULES: dict[type, type] = {
     nnqr.Conv2d: nnq.Conv2d,
     nnqr.Conv3d: nnq.Conv3d,
 }
+# float modules between dequantize and quantize that become quantized modules taking the
+# output qparams (torch's "special pattern" lowering for the native / x86 backends)
+_LOWER_OUTPUT_QPARAMS_MODULES: dict[type, type] = {
+    torch.nn.BatchNorm2d: nnq.BatchNorm2d,
+    torch.nn.BatchNorm3d: nnq.BatchNorm3d,
+    nni.BNReLU2d: nniq.BNReLU2d,
+    nni.BNReLU3d: nniq.BNReLU3d,
+    torch.nn.ELU: nnq.ELU,
+    torch.nn.LeakyReLU: nnq.LeakyReLU,
+    torch.nn.Hardswish: nnq.Hardswish,
+    torch.nn.InstanceNorm1d: nnq.InstanceNorm1d,
+    torch.nn.InstanceNorm2d: nnq.InstanceNorm2d,
+    torch.nn.InstanceNorm3d: nnq.InstanceNorm3d,
+    torch.nn.LayerNorm: nnq.LayerNorm,
+    torch.nn.Dropout: nnq.Dropout,
+    torch.nn.Softmax: nnq.Softmax,
+    torch.nn.PReLU: nnq.PReLU,
+    nnqr.ConvTranspose1d: nnq.ConvTranspose1d,
+    nnqr.ConvTranspose2d: nnq.ConvTranspose2d,
+    nnqr.ConvTranspose3d: nnq.ConvTranspose3d,
+}
 _LOWER_FUSED_MODULES: dict[type, tuple[type, type]] = {
     nni.LinearReLU: (nnqr.Linear, nniq.LinearReLU),
     nni.ConvReLU1d: (nnqr.Conv1d, nniq.ConvReLU1d),
     nni.ConvReLU2d: (nnqr.Conv2d, nniq.ConvReLU2d),
     nni.ConvReLU3d: (nnqr.Conv3d, nniq.ConvReLU3d),
+}
+# reference module -> dynamic quantized module (float in, float out; the input observer's
+# quantize_per_tensor_dynamic / float16 rounding is folded into the module)
+_DYNAMIC_LOWER_MODULES: dict[type, type] = {
+    nnqr.Linear: nnqd.Linear,
+    nnqr.LSTM: nnqd.LSTM,
+    nnqr.GRU: nnqd.GRU,
+    nnqr.LSTMCell: nnqd.LSTMCell,
+    nnqr.GRUCell: nnqd.GRUCell,
+    nnqr.RNNCell: nnqd.RNNCell,
+}
+_DYNAMIC_LOWER_FUSED_MODULES: dict[type, tuple[type, type]] = {
+    nni.LinearReLU: (nnqr.Linear, nniqd.LinearReLU),
+}
+# weight-only: float in, float out, quantized weight
+_WEIGHT_ONLY_LOWER_MODULES: dict[type, type] = {
+    nnqr.Embedding: nnq.Embedding,
+    nnqr.EmbeddingBag: nnq.EmbeddingBag,
 }
 # ops that run on a QTensor and keep its qparams: a dequantize -> op -> quantize island around
 # them is removed whatever the backend config says (torch's lowering does the same)
@@ -281,6 +384,11 @@ def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> Graph
             elif type(module) in _LOWER_FUSED_MODULES and \
                     type(module[0]) is _LOWER_FUSED_MODULES[type(module)][0]:
                 lowered_cls = _LOWER_FUSED_MODULES[type(module)][1]
+            if _lower_dynamic_or_weight_only_module(gm, modules, node, module):
+                continue
+            if type(module) in _LOWER_OUTPUT_QPARAMS_MODULES:
+                _lower_output_qparams_module(gm, modules, node, module)
+                continue
             if lowered_cls is not None:
                 dq = node.args[0]
                 quant_out = _single_quantize_user(node)
@@ -296,9 +404,15 @@ def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> Graph
         if node.op == "call_function" and node.target in _ADD_OPS + _MUL_OPS:
             _lower_binary(gm, modules, node)
             continue
+        if node.op == "call_function" and node.target is F.linear and \
+                _lower_dynamic_functional_linear(gm, modules, node):
+            continue
         if node.op == "call_function" and (node.target is F.linear
                                             or node.target in _FUNCTIONAL_CONVS):
             _lower_functional_weighted(gm, modules, node)
+            continue
+        if node.op == "call_function" and node.target in _LOWER_FUNCTIONALS:
+            _lower_functional(gm, node)
             continue
         if node.op == "call_function" and node.target is torch.cat:
             _lower_cat(gm, node)
@@ -499,3 +613,328 @@ def _lower_functional_weighted(gm: GraphModule, modules: dict[str, torch.nn.Modu
         lowered = gm.graph.call_module(module_name, (x_dq.args[0],))
     lowered.meta["torchquant_qparams"] = (scale, zp)
     _finish(gm, lowered, quant_out, ([tail] if relu else []) + [node, x_dq, w_dq])
+
+
+# ---------------------------------------------------------------------------------------------
+# dynamic and weight-only lowering
+
+def _dynamic_source(node: Any) -> Optional[Node]:
+    """``x`` when ``node`` is the reference form of a dynamically quantized activation:
+    ``dequantize(quantize_per_tensor_dynamic(x))`` or ``round_to_float16(x)``."""
+    if not isinstance(node, Node):
+        return None
+    if node.op == "call_function" and node.target is round_to_float16:
+        return node.args[0]
+    if node.op == "call_method" and node.target == "dequantize" and \
+            isinstance(node.args[0], Node) and node.args[0].op == "call_function" and \
+            node.args[0].target is quantize_per_tensor_dynamic:
+        return node.args[0].args[0]
+    return None
+
+
+def _drop_if_unused(gm: GraphModule, nodes: list[Node]) -> None:
+    for node in nodes:
+        if not getattr(node, "_erased", False) and not node.users:
+            gm.graph.erase_node(node)
+
+
+def _lower_dynamic_or_weight_only_module(gm: GraphModule, modules: dict[str, torch.nn.Module],
+                                         node: Node, module: torch.nn.Module) -> bool:
+    """Reference Linear / LinearReLU / RNN fed by a dynamically quantized activation ->
+    torchquant's dynamic module; reference Embedding(Bag) -> quantized Embedding(Bag)."""
+    if type(module) in _WEIGHT_ONLY_LOWER_MODULES:
+        qmod = _WEIGHT_ONLY_LOWER_MODULES[type(module)].from_reference(module)
+        _set_module(gm, str(node.target), qmod)
+        modules[str(node.target)] = qmod
+        return True
+    lowered_cls = _DYNAMIC_LOWER_MODULES.get(type(module))
+    if type(module) in _DYNAMIC_LOWER_FUSED_MODULES and \
+            type(module[0]) is _DYNAMIC_LOWER_FUSED_MODULES[type(module)][0]:
+        lowered_cls = _DYNAMIC_LOWER_FUSED_MODULES[type(module)][1]
+    if lowered_cls is None or not node.args:
+        return False
+    source = _dynamic_source(node.args[0])
+    if source is None:
+        return False
+    qmod = lowered_cls.from_reference(module)
+    _set_module(gm, str(node.target), qmod)
+    modules[str(node.target)] = qmod
+    old_input = node.args[0]
+    node.args = (source, *node.args[1:])
+    _drop_if_unused(gm, [old_input] + ([old_input.args[0]] if old_input.op == "call_method"
+                                       else []))
+    return True
+
+
+def _lower_dynamic_functional_linear(gm: GraphModule, modules: dict[str, torch.nn.Module],
+                                     node: Node) -> bool:
+    """``F.linear(dynamic(x), dequantize(quantize(w)) or round_to_float16(w), b)`` (-> relu)
+    -> a dynamic quantized Linear (LinearReLU) submodule."""
+    args = list(node.args) + [None] * (3 - len(node.args))
+    x_node, w_node, bias_node = args[:3]
+    bias_node = node.kwargs.get("bias", bias_node)
+    source = _dynamic_source(x_node)
+    if source is None or not isinstance(w_node, Node):
+        return False
+    try:
+        if w_node.op == "call_function" and w_node.target is round_to_float16:
+            weight = _attr_value(gm, w_node.args[0])
+            w_q, dtype = weight.detach(), torch.float16
+            w_nodes = [w_node]
+        elif w_node.op == "call_method" and w_node.target == "dequantize" and \
+                _is_quantize(w_node.args[0]):
+            w_quant = w_node.args[0]
+            weight = _attr_value(gm, w_quant.args[0])
+            w_q = _quantized_weight(gm, w_quant, weight)
+            dtype = _dt.qint8
+            w_nodes = [w_node, w_quant]
+        else:
+            return False
+        bias = _attr_value(gm, bias_node)
+    except ValueError:
+        return False
+    users = list(node.users)
+    relu = len(users) == 1 and _is_relu(users[0], modules)
+    cls = nniqd.LinearReLU if relu else nnqd.Linear
+    qlinear = cls(weight.shape[1], weight.shape[0], bias is not None, dtype=dtype)
+    qlinear.set_weight_bias(w_q, None if bias is None else bias.detach())
+    i = 0
+    while hasattr(gm, f"{node.name}_dynamic_{i}"):
+        i += 1
+    module_name = f"{node.name}_dynamic_{i}"
+    gm.add_submodule(module_name, qlinear)
+    modules[module_name] = qlinear
+    tail = users[0] if relu else node
+    with gm.graph.inserting_before(node):
+        lowered = gm.graph.call_module(module_name, (source,))
+    tail.replace_all_uses_with(lowered)
+    if relu:
+        gm.graph.erase_node(tail)
+    gm.graph.erase_node(node)
+    _drop_if_unused(gm, [x_node] + ([x_node.args[0]] if x_node.op == "call_method" else [])
+                    + w_nodes)
+    return True
+
+
+def _quantized_weight(gm: GraphModule, w_quant: Node, weight: torch.Tensor) -> Any:
+    """The QTensor weight of a reference ``quantize_per_tensor`` / ``_per_channel`` node."""
+    if w_quant.target is quantize_per_channel:
+        _, scales, zps, axis, name = w_quant.args
+        return _quantize_per_channel(weight.detach(), _attr_value(gm, scales),
+                                     _attr_value(gm, zps), axis, _dt.qdtype_of(name))
+    _, w_scale, w_zp, name = w_quant.args
+    return _quantize_per_tensor(weight.detach(), float(_attr_value(gm, w_scale)),
+                                int(_attr_value(gm, w_zp)), _dt.qdtype_of(name))
+
+
+# ---------------------------------------------------------------------------------------------
+# ops with their own output qparams (torch's "special pattern" lowering)
+
+def _lower_output_qparams_module(gm: GraphModule, modules: dict[str, torch.nn.Module],
+                                 node: Node, module: torch.nn.Module) -> None:
+    """``dequantize -> module -> quantize`` -> the quantized module with the quantize's
+    qparams as its output qparams."""
+    if not node.args or not _is_dequantize(node.args[0]):
+        return
+    dq = node.args[0]
+    quant_out = _single_quantize_user(node)
+    if quant_out is None:
+        return
+    scale, zp = _qparams(gm, quant_out)
+    qmod = _LOWER_OUTPUT_QPARAMS_MODULES[type(module)].from_reference(module, scale, zp)
+    _set_module(gm, str(node.target), qmod)
+    modules[str(node.target)] = qmod
+    node.args = (dq.args[0], *node.args[1:])
+    node.meta["torchquant_qparams"] = (scale, zp)
+    _finish(gm, node, quant_out, [dq])
+
+
+def _hardswish(kw: dict, scale: float, zp: int) -> Optional[tuple[Any, tuple, dict]]:
+    return qF.hardswish, (kw["input"], scale, zp), {}
+
+
+def _elu(kw: dict, scale: float, zp: int) -> Optional[tuple[Any, tuple, dict]]:
+    return qF.elu, (kw["input"], scale, zp, kw["alpha"]), {}
+
+
+def _leaky_relu(kw: dict, scale: float, zp: int) -> Optional[tuple[Any, tuple, dict]]:
+    return qF.leaky_relu, (kw["input"], kw["negative_slope"], False, scale, zp), {}
+
+
+def _layer_norm(kw: dict, scale: float, zp: int) -> Optional[tuple[Any, tuple, dict]]:
+    return _normalization.layer_norm, (kw["input"], kw["normalized_shape"], kw["weight"],
+                                       kw["bias"], kw["eps"], scale, zp), {}
+
+
+def _instance_norm(kw: dict, scale: float, zp: int) -> Optional[tuple[Any, tuple, dict]]:
+    if not kw["use_input_stats"]:
+        return None
+    return _normalization.instance_norm, (kw["input"], kw["weight"], kw["bias"], kw["eps"],
+                                          scale, zp), {}
+
+
+def _dropout(kw: dict, scale: float, zp: int) -> Optional[tuple[Any, tuple, dict]]:
+    """Eval-mode dropout is the identity (its output observer is shared with its input)."""
+    if kw["training"]:
+        return None
+    return None, (kw["input"],), {}
+
+
+_LOWER_FUNCTIONALS = {
+    F.dropout: _dropout,
+    F.hardswish: _hardswish,
+    F.elu: _elu,
+    F.leaky_relu: _leaky_relu,
+    F.layer_norm: _layer_norm,
+    F.instance_norm: _instance_norm,
+}
+
+
+def _lower_functional(gm: GraphModule, node: Node) -> None:
+    """``dequantize -> F.hardswish / elu / leaky_relu / layer_norm / instance_norm ->
+    quantize`` -> the QTensor function with the quantize's output qparams."""
+    normalized = normalize_function(node.target, tuple(node.args), dict(node.kwargs),
+                                    normalize_to_only_use_kwargs=True)
+    if normalized is None:
+        return
+    kwargs = dict(normalized.kwargs)
+    dq = kwargs.get("input")
+    if not _is_dequantize(dq):
+        return
+    quant_out = _single_quantize_user(node)
+    if quant_out is None:
+        return
+    scale, zp = _qparams(gm, quant_out)
+    kwargs["input"] = dq.args[0]
+    replacement = _LOWER_FUNCTIONALS[node.target](kwargs, scale, zp)
+    if replacement is None:
+        return
+    target, args, extra = replacement
+    if target is None:                  # identity on the QTensor
+        quant_out.replace_all_uses_with(args[0])
+        gm.graph.erase_node(quant_out)
+        for dropped in (node, dq):
+            if not dropped.users:
+                gm.graph.erase_node(dropped)
+        return
+    with gm.graph.inserting_before(node):
+        lowered = gm.graph.call_function(target, args, extra)
+    lowered.meta["torchquant_qparams"] = (scale, zp)
+    _finish(gm, lowered, quant_out, [node, dq])
+
+
+# ---------------------------------------------------------------------------------------------
+# quantized graph inputs / outputs and custom modules (PrepareCustomConfig /
+# ConvertCustomConfig)
+
+def _quantize_node_qparams(gm: GraphModule, node: Node) -> Optional[tuple[float, int]]:
+    """(scale, zero_point) of a per-tensor quantize node (buffers or inlined numbers)."""
+    if not (isinstance(node, Node) and node.op == "call_function"
+            and node.target is quantize_per_tensor):
+        return None
+    _, scale, zero_point, _ = node.args
+    if isinstance(scale, Node):
+        scale, zero_point = _attr_value(gm, scale), _attr_value(gm, zero_point)
+    return float(scale), int(zero_point)
+
+
+def mark_quantized_inputs(gm: GraphModule, indexes: list[int]) -> None:
+    """The placeholders at ``indexes`` receive QTensors: each use gets a ``dequantize`` (as in
+    torch), which the lowering then folds into the quantized op that consumes it."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i in indexes:
+        if i >= len(placeholders):
+            continue
+        _dequantize_uses(gm, placeholders[i])
+    gm.graph.lint()
+    gm.recompile()
+
+
+def _dequantize_uses(gm: GraphModule, node: Node) -> None:
+    """``node`` yields a QTensor whose qparams are known only at run time: each use gets a
+    ``dequantize``."""
+    node.meta["torchquant_qparams"] = None
+    for user in list(node.users):
+        with gm.graph.inserting_before(user):
+            dequant = gm.graph.call_method("dequantize", (node,))
+        user.replace_input_with(node, dequant)
+
+
+def rewire_standalone_module(gm: GraphModule, node_name: str, input_indexes: list[int],
+                             output_quantized: bool) -> None:
+    """Around a converted standalone module: its quantized inputs are passed as QTensors (the
+    dequantize before them is dropped) and a quantized output is dequantized for its users."""
+    node = next(n for n in gm.graph.nodes if n.name == node_name)
+    args = list(node.args)
+    for i in input_indexes:
+        arg = args[i] if i < len(args) else None
+        if isinstance(arg, Node) and arg.op == "call_method" and arg.target == "dequantize":
+            args[i] = arg.args[0]
+    old_args = node.args
+    node.args = tuple(args)
+    for arg in old_args:
+        if isinstance(arg, Node) and arg.op == "call_method" and not arg.users:
+            gm.graph.erase_node(arg)
+    if output_quantized:
+        _dequantize_uses(gm, node)
+    gm.graph.lint()
+    gm.recompile()
+
+
+def swap_custom_modules(gm: GraphModule, node_names: list[str],
+                        observed_to_quantized: dict[type, type]) -> None:
+    """Observed custom modules -> ``quantized_class.from_observed(module)``, taking the
+    quantized input and producing the quantized output directly (the dequantize before and
+    the quantize after them are removed, as in torch)."""
+    wanted = set(node_names)
+    modules = dict(gm.named_modules(remove_duplicate=False))
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module" or node.name not in wanted:
+            continue
+        observed = modules[str(node.target)]
+        quantized_cls = observed_to_quantized.get(type(observed))
+        if quantized_cls is None:
+            raise ValueError(f"convert: no observed_to_quantized mapping for the custom module "
+                             f"'{node.target}' ({type(observed).__name__}); add one with "
+                             "ConvertCustomConfig().set_observed_to_quantized_mapping")
+        _set_module(gm, str(node.target), quantized_cls.from_observed(observed))
+        dq = node.args[0] if node.args else None
+        if isinstance(dq, Node) and dq.op == "call_method" and dq.target == "dequantize":
+            node.args = (dq.args[0], *node.args[1:])
+            if not dq.users:
+                gm.graph.erase_node(dq)
+        users = list(node.users)
+        qparams = _quantize_node_qparams(gm, users[0]) if len(users) == 1 else None
+        if qparams is not None:
+            quant = users[0]
+            quant.replace_all_uses_with(node)
+            gm.graph.erase_node(quant)
+            node.meta["torchquant_qparams"] = qparams
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+
+
+def keep_quantized_outputs(gm: GraphModule, indexes: list[int]) -> None:
+    """Graph outputs at ``indexes`` (of the output tuple / list, or 0 for a single output) are
+    returned quantized: their final ``dequantize`` is dropped."""
+    if not indexes:
+        return
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    value = output.args[0]
+
+    def strip(v: Any) -> Any:
+        if isinstance(v, Node) and v.op == "call_method" and v.target == "dequantize" and \
+                isinstance(v.args[0], Node) and ("torchquant_qparams" in v.args[0].meta
+                                                 or _is_quantize(v.args[0])):
+            return v.args[0]
+        return v
+
+    if isinstance(value, (tuple, list)):
+        value = type(value)(strip(v) if i in indexes else v for i, v in enumerate(value))
+    elif 0 in indexes:
+        value = strip(value)
+    output.args = (value,)
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()

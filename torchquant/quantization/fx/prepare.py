@@ -7,7 +7,9 @@ observed yet (a node already observed with the same observer type and dtype is r
 on the output of its last node.  ``OUTPUT_SHARE_OBSERVER_WITH_INPUT`` patterns get an output
 node too, but its module attribute is the input's observer instance.  Weights of functional
 ``F.linear`` / ``F.conv*`` get the qconfig's weight observer on their ``get_attr`` input; weighted
-modules are observed at convert time (``module.qconfig.weight()``).
+modules are observed at convert time (``module.qconfig.weight()``).  Dynamic patterns observe
+only their direct tensor inputs (an RNN's ``(h, c)`` tuple stays float) with the qconfig's
+dynamic placeholder observer and have no output observer (their output is float).
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ from ..utils import Pattern
 from .match_utils import find_matches, flatten_node_pattern, root_node_of
 
 __all__ = ["update_qconfig_for_fusion", "generate_node_name_to_qconfig", "insert_observers",
-           "is_observer_node", "annotate_tensor_nodes", "dtype_config_for"]
+           "is_observer_node", "annotate_tensor_nodes", "dtype_config_for", "needs_observer",
+           "plan_custom_modules", "plan_standalone_module"]
 
 
 def _parent_name(name: str) -> str:
@@ -175,19 +178,39 @@ def _satisfies(observer: torch.nn.Module, constraints: Any) -> bool:
     return True
 
 
+def needs_observer(dtype: Any, dynamic: bool = False) -> bool:
+    """Whether an edge of this dtype is observed: quantized dtypes, and float16 (dynamic
+    activations and float16 weights, which torch marks with a placeholder observer)."""
+    return _is_quantized_dtype(dtype) or (dtype is torch.float16 and dynamic)
+
+
 def dtype_config_for(qconfig: QConfigAny, dtype_configs: list[DTypeConfig],
                      weighted: bool) -> Optional[DTypeConfig]:
-    """The first static DTypeConfig the qconfig's observers satisfy, else None."""
+    """The first DTypeConfig the qconfig's observers satisfy, else None: static int8 configs,
+    dynamic ones (``is_dynamic``: the activation observer is dynamic, same input dtype, same
+    weight dtype) and weight-only ones (float activations, quantized weight)."""
     if qconfig is None:
         return None
     activation = qconfig.activation()
     weight = qconfig.weight()
     if getattr(activation, "is_dynamic", False):
+        for dc in dtype_configs:
+            if not dc.is_dynamic or not _dtypes_equal(dc.input_dtype, activation.dtype):
+                continue
+            if weighted and dc.weight_dtype is not None and not _dtypes_equal(
+                    dc.weight_dtype, getattr(weight, "dtype", None)):
+                continue
+            return dc
         return None
     for dc in dtype_configs:
         if dc.is_dynamic:
             continue
         if not _is_quantized_dtype(dc.input_dtype) and not _is_quantized_dtype(dc.output_dtype):
+            if weighted and _is_quantized_dtype(dc.weight_dtype) and \
+                    not _is_quantized_dtype(activation.dtype) and \
+                    activation.dtype is not torch.float16 and \
+                    _satisfies(weight, dc.weight_dtype_with_constraints):
+                return dc                        # weight-only (embeddings)
             continue
         if _is_quantized_dtype(dc.input_dtype) and not _satisfies(
                 activation, dc.input_dtype_with_constraints):
@@ -231,6 +254,8 @@ class _PatternPlan:
         self.members = members
 
     observation_type: ObservationType = ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT
+    dynamic: bool = False
+    only_inputs: Optional[set[int]] = None       # standalone modules: the observed positions
 
     @property
     def share(self) -> bool:
@@ -267,13 +292,7 @@ def plan_patterns(gm: GraphModule, modules: dict[str, torch.nn.Module],
         input_type_to_index = _root_input_type_to_index(root, modules, configs, config)
         weighted = input_type_to_index.get("weight") is not None or (
             root.op == "call_module" and hasattr(modules[str(root.target)], "weight"))
-        if getattr(qconfig.activation(), "is_dynamic", False):
-            float_reasons[last.name] = "dynamic qconfig (not supported by FX yet)"
-            warnings.warn(f"FX prepare: node '{last.name}' has a dynamic qconfig; dynamic "
-                          "quantization is not supported by torchquant's FX workflow yet (use "
-                          "torchquant.quantization.quantize_dynamic); it is left in float",
-                          stacklevel=3)
-            continue
+        dynamic = bool(getattr(qconfig.activation(), "is_dynamic", False))
         dtype_config = dtype_config_for(qconfig, config.dtype_configs, weighted)
         if dtype_config is None:
             float_reasons[last.name] = "qconfig does not satisfy any DTypeConfig of the pattern"
@@ -285,6 +304,7 @@ def plan_patterns(gm: GraphModule, modules: dict[str, torch.nn.Module],
         plan = _PatternPlan(qconfig, config, dtype_config, last, root,
                             flatten_node_pattern(node_pattern))
         plan.input_type_to_index = input_type_to_index
+        plan.dynamic = dynamic
         plan.observation_type = config.observation_type
         by_count = config._num_tensor_args_to_observation_type
         if by_count:
@@ -322,8 +342,60 @@ def _observer_dtype(node: Node, modules: dict[str, torch.nn.Module]) -> Any:
     return modules[str(node.target)].dtype
 
 
+def plan_custom_modules(gm: GraphModule, modules: dict[str, torch.nn.Module],
+                        node_name_to_qconfig: dict[str, QConfigAny],
+                        float_to_observed: dict[type, type],
+                        plans: dict[str, _PatternPlan]) -> list[str]:
+    """Swap each custom module (a ``float_to_observed`` class with a static qconfig) for
+    ``observed_class.from_float(module)`` and observe its input and output like any quantized
+    op (torch's custom module handling).  Returns the names of the custom module nodes."""
+    names = []
+    for node in gm.graph.nodes:
+        if node.op != "call_module":
+            continue
+        module = modules.get(str(node.target))
+        observed_cls = float_to_observed.get(type(module))
+        qconfig = node_name_to_qconfig.get(node.name)
+        if observed_cls is None or qconfig is None:
+            continue
+        activation = qconfig.activation()
+        if getattr(activation, "is_dynamic", False) or not _is_quantized_dtype(activation.dtype):
+            continue
+        observed = observed_cls.from_float(module)
+        path = str(node.target)
+        parent_path, _, attr = path.rpartition(".")
+        setattr(gm.get_submodule(parent_path) if parent_path else gm, attr, observed)
+        modules[path] = observed
+        dtype_config = DTypeConfig(input_dtype=activation.dtype, output_dtype=activation.dtype)
+        plan = _PatternPlan(qconfig, None, dtype_config, node, node, [node])
+        plan.input_type_to_index = {}
+        plans[node.name] = plan
+        names.append(node.name)
+    return names
+
+
+def plan_standalone_module(node: Node, qconfig: QConfigAny, input_indexes: list[int],
+                           plans: dict[str, _PatternPlan]) -> None:
+    """A standalone module node: the parent observes only the inputs the standalone module
+    takes quantized (its ``input_quantized_indexes``), never its output (torch's rule)."""
+    plans.pop(node.name, None)
+    if qconfig is None or not input_indexes:
+        return
+    activation = qconfig.activation()
+    if getattr(activation, "is_dynamic", False) or not _is_quantized_dtype(activation.dtype):
+        return
+    plan = _PatternPlan(qconfig, None, DTypeConfig(input_dtype=activation.dtype), node, node,
+                        [node])
+    plan.input_type_to_index = {}
+    plan.only_inputs = set(input_indexes)
+    plans[node.name] = plan
+
+
 def insert_observers(gm: GraphModule, modules: dict[str, torch.nn.Module],
-                     plans: dict[str, _PatternPlan], tensor_nodes: set[str]) -> None:
+                     plans: dict[str, _PatternPlan], tensor_nodes: set[str],
+                     quantized_inputs: frozenset = frozenset()) -> None:
+    """``quantized_inputs``: placeholder names the user feeds already quantized
+    (``input_quantized_indexes``): never observed."""
     graph = gm.graph
     for node in list(graph.nodes):
         if node.op in ("placeholder", "output", "get_attr") or is_observer_node(node, modules):
@@ -332,7 +404,7 @@ def insert_observers(gm: GraphModule, modules: dict[str, torch.nn.Module],
         if plan is None or plan.not_observed:
             continue
         if plan.root is node:
-            _insert_input_observers(gm, modules, node, plan, tensor_nodes)
+            _insert_input_observers(gm, modules, node, plan, tensor_nodes, quantized_inputs)
         if plan.last is node and _is_quantized_dtype(plan.dtype_config.output_dtype):
             activation = plan.qconfig.activation()
             if isinstance(activation, ReuseInputObserver):
@@ -344,7 +416,8 @@ def insert_observers(gm: GraphModule, modules: dict[str, torch.nn.Module],
 
 
 def _insert_input_observers(gm: GraphModule, modules: dict[str, torch.nn.Module], node: Node,
-                            plan: _PatternPlan, tensor_nodes: set[str]) -> None:
+                            plan: _PatternPlan, tensor_nodes: set[str],
+                            quantized_inputs: frozenset) -> None:
     index_of = plan.input_type_to_index
     weight_index, bias_index = index_of.get("weight"), index_of.get("bias")
     if plan.share:
@@ -355,21 +428,24 @@ def _insert_input_observers(gm: GraphModule, modules: dict[str, torch.nn.Module]
         positions = []
         for i, a in enumerate(node.args):
             if isinstance(a, (list, tuple)):
-                positions.extend((None, x) for x in a)
+                if not plan.dynamic:     # torch leaves an RNN's (h, c) state float
+                    positions.extend((None, x) for x in a)
             else:
                 positions.append((i, a))
         positions.extend((k, v) for k, v in node.kwargs.items())
+    if plan.only_inputs is not None:
+        positions = [(i, a) for i, a in positions if i in plan.only_inputs]
     for index, arg in positions:
-        if not isinstance(arg, Node):
+        if not isinstance(arg, Node) or arg.name in quantized_inputs:
             continue
         if index is not None and (index == bias_index or index == "bias"):
             continue
         if index is not None and (index == weight_index or index == "weight"):
-            if not _is_quantized_dtype(plan.dtype_config.weight_dtype):
+            if not needs_observer(plan.dtype_config.weight_dtype, dynamic=True):
                 continue
             make = plan.qconfig.weight
         else:
-            if not _is_quantized_dtype(plan.dtype_config.input_dtype):
+            if not needs_observer(plan.dtype_config.input_dtype, plan.dynamic):
                 continue
             if arg.name not in tensor_nodes and not is_observer_node(arg, modules):
                 continue
