@@ -53,6 +53,7 @@ def _observers() -> dict[str, nn.Module]:
         "histogram": obs.HistogramObserver(),
         "histogram_wide": obs.HistogramObserver(),
         "moving_average_1": obs.MovingAverageMinMaxObserver(averaging_constant=1.0),
+        "moving_average": obs.MovingAverageMinMaxObserver(averaging_constant=0.01),
         # memoryless fake quants: merged exactly (moving averages with a memory cannot be)
         "fake_quant": fq.default_fake_quant(averaging_constant=1.0),
         "fused_fake_quant": fq.default_fused_per_channel_wt_fake_quant(ch_axis=1,
@@ -103,8 +104,12 @@ def _sync_worker(rank: int, world: int, out: str) -> None:
     _feed(observers, batches, shared, rank)
     model = nn.ModuleDict(observers)
     before = _qparams(observers)
+    average_before = (observers["moving_average"].min_val.clone(),
+                      observers["moving_average"].max_val.clone())
     tq.sync_observers(model)
     after = _qparams(observers)
+    average_after = (observers["moving_average"].min_val.clone(),
+                     observers["moving_average"].max_val.clone())
     fake_quant_buffers = {name: (m.scale.clone(), m.zero_point.clone())
                           for name, m in observers.items() if isinstance(m, fq.FakeQuantizeBase)}
 
@@ -115,6 +120,7 @@ def _sync_worker(rank: int, world: int, out: str) -> None:
         for module in stepped.values():
             module(batch)
     torch.save({"before": before, "after": after, "fake_quant_buffers": fake_quant_buffers,
+                "average_before": average_before, "average_after": average_after,
                 "stepped": {k: v.clone() for k, v in stepped.state_dict().items()}},
                os.path.join(out, f"rank{rank}.pt"))
 
@@ -175,6 +181,16 @@ def test_min_max_sync_matches_torch_ao():
                          (obs.PerChannelMinMaxObserver(ch_axis=1), ao.PerChannelMinMaxObserver(ch_axis=1))):
         ours(data), theirs(data)
         assert all(torch.equal(a, b) for a, b in zip(ours.calculate_qparams(), theirs.calculate_qparams()))
+
+
+def test_moving_average_takes_the_widest_rank_average(synced):
+    """With a memory (averaging_constant < 1) no exact merge exists; the documented rule."""
+    ranks, _ = synced
+    lows = torch.stack([r["average_before"][0] for r in ranks])
+    highs = torch.stack([r["average_before"][1] for r in ranks])
+    for rank in ranks:
+        assert torch.equal(rank["average_after"][0], lows.min(0).values)
+        assert torch.equal(rank["average_after"][1], highs.max(0).values)
 
 
 def test_histogram_sync_equals_one_process(synced):
