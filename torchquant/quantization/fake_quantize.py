@@ -289,6 +289,9 @@ class FusedMovingAvgObsFakeQuantize(FakeQuantize):
         if not bool(torch.isfinite(cur_min).all() & torch.isfinite(cur_max).all()):
             raise ValueError(f"{type(self).__name__}: input has NaN or Inf values "
                              f"(min {cur_min.tolist()}, max {cur_max.tolist()})")
+        rank_sync = self.activation_post_process.__dict__.get("_rank_sync")
+        if rank_sync is not None:  # observe_across_ranks: the batch of all ranks together
+            cur_min, cur_max = rank_sync.min_max(cur_min, cur_max)
         return cur_min, cur_max
 
     def _update_running_min_max(self, x: torch.Tensor) -> None:

@@ -234,8 +234,13 @@ class UniformQuantizationObserverBase(ObserverBase):
 
         Unset statistics (an empty per-channel buffer, or per-tensor +inf / -inf) take the batch
         values; later batches keep the extremes or, with ``averaging_constant``, move that
-        fraction of the way towards the batch values.
+        fraction of the way towards the batch values.  Under
+        :func:`~torchquant.quantization.observe_across_ranks` the batch values are first reduced
+        across the process group.
         """
+        rank_sync = self.__dict__.get("_rank_sync")
+        if rank_sync is not None:
+            lo, hi = rank_sync.min_max(lo, hi)
         if averaging_constant is None and self.min_val.numel():
             torch.minimum(self.min_val, lo, out=self.min_val)  # +inf / -inf fold like any value
             torch.maximum(self.max_val, hi, out=self.max_val)
@@ -548,6 +553,9 @@ class HistogramObserver(UniformQuantizationObserverBase):
     # ---- forward ------------------------------------------------------------------------------
 
     def forward(self, x_orig: torch.Tensor) -> torch.Tensor:
+        rank_sync = self.__dict__.get("_rank_sync")  # set by observe_across_ranks
+        if rank_sync is not None:
+            return rank_sync.histogram_forward(self, x_orig)
         if x_orig.numel() == 0:
             return x_orig
         x = x_orig.detach()

@@ -23,6 +23,7 @@ from ..nn import quantizable as nnqa
 from ..nn import quantized as nnq
 from ..nn.intrinsic.modules.fused import _FusedModule
 from ..nn.quantized.modules.functional_modules import FloatFunctional, QFunctional
+from . import distributed as _distributed
 from . import summary as _summary
 from .fake_quantize import FakeQuantizeBase
 from .observer import ObserverBase
@@ -181,8 +182,12 @@ def add_quant_dequant(module: nn.Module) -> nn.Module:
 
 def prepare(model: nn.Module, inplace: bool = False, allow_list: Optional[set] = None,
             observer_non_leaf_module_list: Optional[set] = None,
-            prepare_custom_config_dict: Optional[dict] = None) -> nn.Module:
+            prepare_custom_config_dict: Optional[dict] = None,
+            sync_across_ranks: Any = False) -> nn.Module:
     """Attach output observers (from each module's qconfig) for calibration.
+
+    ``sync_across_ranks`` (True or a process group): observers reduce every batch across the
+    ranks (:func:`~torchquant.quantization.observe_across_ranks`).
 
     Warns, as torch does, when no submodule has a qconfig.  The model passed in is left
     untouched unless ``inplace=True``.
@@ -203,6 +208,7 @@ def prepare(model: nn.Module, inplace: bool = False, allow_list: Optional[set] =
     _add_observers(model, propagation, observer_non_leaf_module_list, _module_device(model),
                    custom_map)
     model._torchquant_prepared = True
+    _distributed._apply_prepare_option(model, sync_across_ranks)
     _summary.record(model, "prepare")
     return model
 
@@ -302,9 +308,10 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: Any = _d
 
 
 def prepare_qat(model: nn.Module, mapping: Optional[dict] = None,
-                inplace: bool = False) -> nn.Module:
+                inplace: bool = False, sync_across_ranks: Any = False) -> nn.Module:
     """Swap modules for their QAT versions (fake-quantized weights) and attach fake-quant
-    output observers.  The model must be in training mode."""
+    output observers.  The model must be in training mode.  ``sync_across_ranks``: as in
+    :func:`prepare`."""
     torch._C._log_api_usage_once("torchquant.quantization.prepare_qat")
     assert model.training, "prepare_qat only works on models in training mode"
     if mapping is None:
@@ -313,7 +320,8 @@ def prepare_qat(model: nn.Module, mapping: Optional[dict] = None,
         model = copy.deepcopy(model)
     propagate_qconfig_(model, qconfig_dict=None)
     convert(model, mapping=mapping, inplace=True, remove_qconfig=False, _record=False)
-    prepare(model, observer_non_leaf_module_list=set(mapping.values()), inplace=True)
+    prepare(model, observer_non_leaf_module_list=set(mapping.values()), inplace=True,
+            sync_across_ranks=sync_across_ranks)
     return model
 
 

@@ -18,6 +18,7 @@ from typing import Any, Optional, Union
 import torch
 from torch.fx import GraphModule
 
+from . import distributed as _distributed
 from .backend_config import BackendConfig, get_native_backend_config
 from .backend_config.utils import get_module_to_qat_module
 from .fx.convert import (convert_to_reference, keep_quantized_outputs, lower_to_torchquant,
@@ -215,24 +216,29 @@ def prepare_fx(model: torch.nn.Module, qconfig_mapping: Union[QConfigMapping, di
                example_inputs: tuple[Any, ...],
                prepare_custom_config: Union[PrepareCustomConfig, dict[str, Any], None] = None,
                _equalization_config: Union[QConfigMapping, dict[str, Any], None] = None,
-               backend_config: Union[BackendConfig, dict[str, Any], None] = None) -> GraphModule:
+               backend_config: Union[BackendConfig, dict[str, Any], None] = None,
+               sync_across_ranks: Any = False) -> GraphModule:
     """Post-training preparation: trace a copy of ``model``, fuse, and insert observers
-    (``activation_post_process_<n>``) per the matched patterns and qconfigs."""
+    (``activation_post_process_<n>``) per the matched patterns and qconfigs.
+    ``sync_across_ranks`` (True or a process group): observers reduce every batch across the
+    ranks (:func:`~torchquant.quantization.observe_across_ranks`)."""
     if _equalization_config:
         raise NotImplementedError("prepare_fx: _equalization_config is not supported")
-    return _prepare(model, qconfig_mapping, False, example_inputs, prepare_custom_config,
-                    backend_config, "prepare_fx")
+    return _distributed._apply_prepare_option(_prepare(
+        model, qconfig_mapping, False, example_inputs, prepare_custom_config, backend_config,
+        "prepare_fx"), sync_across_ranks)
 
 
 def prepare_qat_fx(model: torch.nn.Module, qconfig_mapping: Union[QConfigMapping, dict[str, Any]],
                    example_inputs: tuple[Any, ...],
                    prepare_custom_config: Union[PrepareCustomConfig, dict[str, Any], None] = None,
-                   backend_config: Union[BackendConfig, dict[str, Any], None] = None
-                   ) -> GraphModule:
+                   backend_config: Union[BackendConfig, dict[str, Any], None] = None,
+                   sync_across_ranks: Any = False) -> GraphModule:
     """QAT preparation: like :func:`prepare_fx` on a training-mode model; modules are swapped
     to the backend config's QAT modules and the qconfig's fake quants are inserted."""
-    return _prepare(model, qconfig_mapping, True, example_inputs, prepare_custom_config,
-                    backend_config, "prepare_qat_fx")
+    return _distributed._apply_prepare_option(_prepare(
+        model, qconfig_mapping, True, example_inputs, prepare_custom_config, backend_config,
+        "prepare_qat_fx"), sync_across_ranks)
 
 
 def _check_convert_mapping(gm: GraphModule, qconfig_mapping: Any) -> None:

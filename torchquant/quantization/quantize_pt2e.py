@@ -11,8 +11,11 @@ integer tensors.  Semantics of torchao 0.18's ``torchao.quantization.pt2e.quanti
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 from torch.fx import GraphModule
+
+from . import distributed as _distributed
 
 from .pt2e import convert as _convert
 from .pt2e import prepare as _prepare
@@ -64,21 +67,27 @@ def _prepare_common(model: GraphModule, quantizer: Quantizer, is_qat: bool,
     return disallow_train_eval(model)
 
 
-def prepare_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
+def prepare_pt2e(model: GraphModule, quantizer: Quantizer,
+                 sync_across_ranks: Any = False) -> GraphModule:
     """Fold eval-mode BN into conv / linear, let ``quantizer`` transform, annotate and validate
     the exported ``model``, then insert an observer for every annotated edge / output.
-    Calibrate the result by calling it; its ``train()`` / ``eval()`` raise."""
+    Calibrate the result by calling it; its ``train()`` / ``eval()`` raise.
+    ``sync_across_ranks`` (True or a process group): observers reduce every batch across the
+    ranks (:func:`~torchquant.quantization.observe_across_ranks`)."""
     _check_inputs(model, quantizer, "prepare_pt2e")
-    return _prepare_common(model, quantizer, is_qat=False, fn="prepare_pt2e")
+    return _distributed._apply_prepare_option(
+        _prepare_common(model, quantizer, is_qat=False, fn="prepare_pt2e"), sync_across_ranks)
 
 
-def prepare_qat_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
+def prepare_qat_pt2e(model: GraphModule, quantizer: Quantizer,
+                     sync_across_ranks: Any = False) -> GraphModule:
     """As :func:`prepare_pt2e` for quantization-aware training: the quantizer's (QAT) specs
     insert fake-quant modules, and each conv + BN is rewritten so the weight fake quant sees the
     BN-scaled weight (BN itself stays, with batch statistics in training); train the result,
     then :func:`convert_pt2e` folds BN back into the conv."""
     _check_inputs(model, quantizer, "prepare_qat_pt2e")
-    return _prepare_common(model, quantizer, is_qat=True, fn="prepare_qat_pt2e")
+    return _distributed._apply_prepare_option(
+        _prepare_common(model, quantizer, is_qat=True, fn="prepare_qat_pt2e"), sync_across_ranks)
 
 
 def convert_pt2e(model: GraphModule, use_reference_representation: bool = False,
