@@ -202,3 +202,22 @@ def test_converted_dynamic_model_exports_and_compiles():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     for a, b in zip(_leaves(torch.compile(q, fullgraph=True)(x)), expected):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_global_dynamic_qconfig_leaves_other_ops_float_without_prepare_warnings():
+    class ConvThenLinear(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(torch.add(self.conv(x), 1.0).mean((2, 3)))
+
+    model = ConvThenLinear().eval()
+    mapping = tq_qconfig.QConfigMapping().set_global(tq_qconfig.default_dynamic_qconfig)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # torch is silent here too
+        prepared = quantize_fx.prepare_fx(model, mapping, (torch.randn(1, 3, 6, 6),))
+    q = quantize_fx.convert_fx(prepared)
+    assert type(q.conv) is nn.Conv2d and type(q.fc) is nnqd.Linear

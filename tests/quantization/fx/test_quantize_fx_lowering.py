@@ -22,7 +22,8 @@ import torch.ao.quantization.quantize_fx as ao_fx
 import torchquant.nn.quantized.functional as qF
 from torchquant.nn.quantized import _normalization
 from torchquant.quantization import quantize_fx
-from torchquant.quantization.qconfig import get_default_qconfig_mapping
+from torchquant.quantization.qconfig import (get_default_qat_qconfig_mapping,
+                                             get_default_qconfig_mapping)
 
 
 @pytest.fixture(autouse=True)
@@ -120,3 +121,23 @@ def test_default_ops_model_exports():
     x = torch.randn(2, 3, 6, 6)
     exported = torch.export.export(q, (x,))
     torch.testing.assert_close(exported.module()(x), q(x), rtol=0, atol=0)
+
+
+def test_default_ops_through_qat_match_torch():
+    """prepare_qat_fx -> train-mode forward -> convert_fx on the same model (dropout p=0 so
+    both sides see the same values): fake-quantized outputs, module types and converted
+    outputs equal torch's."""
+    torch.manual_seed(0)
+    model = DefaultOps().train()
+    model.drop.p = 0.0
+    example = (torch.randn(2, 3, 6, 6),)
+    ours = quantize_fx.prepare_qat_fx(model, get_default_qat_qconfig_mapping("x86"), example)
+    theirs = ao_fx.prepare_qat_fx(copy.deepcopy(model), ao.get_default_qat_qconfig_mapping("x86"),
+                                  example)
+    for _ in range(2):
+        x = torch.randn(2, 3, 6, 6)
+        torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=0)
+    q_ours, q_theirs = quantize_fx.convert_fx(ours.eval()), ao_fx.convert_fx(theirs.eval())
+    assert _module_types(q_ours) == _module_types(q_theirs)
+    x = torch.randn(2, 3, 6, 6)
+    torch.testing.assert_close(q_ours(x), q_theirs(x), rtol=0, atol=0)

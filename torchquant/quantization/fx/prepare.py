@@ -294,6 +294,11 @@ def plan_patterns(gm: GraphModule, modules: dict[str, torch.nn.Module],
             root.op == "call_module" and hasattr(modules[str(root.target)], "weight"))
         dynamic = bool(getattr(qconfig.activation(), "is_dynamic", False))
         dtype_config = dtype_config_for(qconfig, config.dtype_configs, weighted)
+        if dtype_config is None and dynamic:
+            # a dynamic qconfig quantizes only the ops with dynamic kernels (Linear, the RNNs):
+            # the rest stays float silently, as in torch (convert's summary still lists them)
+            float_reasons[last.name] = "no dynamic DTypeConfig for this pattern"
+            continue
         if dtype_config is None:
             float_reasons[last.name] = "qconfig does not satisfy any DTypeConfig of the pattern"
             warnings.warn(f"FX prepare: the qconfig of node '{last.name}' (pattern {pattern}) "
