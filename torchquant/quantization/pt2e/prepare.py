@@ -23,6 +23,7 @@ from ..quantizer.quantizer import (DerivedQuantizationSpec, EdgeOrNode,
                                    FixedQParamsQuantizationSpec, ObserverOrFakeQuantize,
                                    Q_ANNOTATION_KEY, QuantizationSpec, QuantizationSpecBase,
                                    SharedQuantizationSpec)
+from ._numeric_debugger import inherit_debug_handle
 from .utils import is_observer_node
 
 __all__ = ["DerivedObserverOrFakeQuantize", "prepare", "OBSERVER_PREFIX"]
@@ -238,6 +239,7 @@ class _Inserter:
             new = self.model.graph.create_node("call_module", name, (node,), {})
         if "val" in node.meta:
             new.meta["val"] = node.meta["val"]
+        inherit_debug_handle(node, new)
         return new
 
     def input_arg(self, node: Node, arg: Any) -> Any:
