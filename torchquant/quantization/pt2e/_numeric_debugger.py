@@ -12,9 +12,11 @@ integer handles the reference documentation describes rather than by node proven
     summary = compare_results(extract_results_from_loggers(ref), extract_results_from_loggers(act))
 
 Handles live in ``node.meta["custom"]["numeric_debug_handle"]``; ``prepare_pt2e`` gives each
-observer the handle of the node it observes (:func:`inherit_debug_handle`) and ``convert_pt2e``
-gives the quantize / dequantize nodes the handle of the op they serve, so in a converted graph
-the last node of a handle's group is the dequantized output of that op.
+output observer the handle of the node it observes (:func:`inherit_debug_handle`) and
+``convert_pt2e`` gives the quantize / dequantize nodes replacing an observer the observer's
+handle (:func:`debug_handle_from_observer`), so in a converted graph the last node of a quantized
+op's group is the dequantize of its output.  As in torchao, observers on input edges (and the
+weights' quantize / dequantize) carry no handle.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ from torch.fx import GraphModule, Node
 __all__ = ["CUSTOM_KEY", "NUMERIC_DEBUG_HANDLE_KEY", "FROM_NODE_KEY",
            "generate_numeric_debug_handle", "prepare_for_propagation_comparison", "OutputLogger",
            "extract_results_from_loggers", "compare_results", "QuantizationComparisonResult",
-           "NodeAccuracySummary", "get_debug_handle", "inherit_debug_handle", "compute_sqnr"]
+           "NodeAccuracySummary", "get_debug_handle", "inherit_debug_handle",
+           "debug_handle_from_observer", "compute_sqnr"]
 
 CUSTOM_KEY = "custom"
 NUMERIC_DEBUG_HANDLE_KEY = "numeric_debug_handle"
@@ -59,6 +62,17 @@ def inherit_debug_handle(source: Node, new: Node) -> None:
     custom = new.meta.get(CUSTOM_KEY)
     new.meta[CUSTOM_KEY] = dict(custom) if isinstance(custom, dict) else {}
     new.meta[CUSTOM_KEY][NUMERIC_DEBUG_HANDLE_KEY] = handle
+
+
+def debug_handle_from_observer(observer: Node, new: Node) -> None:
+    """A quantize / dequantize node replacing ``observer`` carries the observer's handle: that
+    of the node whose output it observes, none for an observer on an input edge (torchao)."""
+    handle = get_debug_handle(observer)
+    custom = new.meta.get(CUSTOM_KEY)
+    if handle is not None:
+        inherit_debug_handle(observer, new)
+    elif isinstance(custom, dict) and NUMERIC_DEBUG_HANDLE_KEY in custom:
+        new.meta[CUSTOM_KEY] = {k: v for k, v in custom.items() if k != NUMERIC_DEBUG_HANDLE_KEY}
 
 
 def _subgraph_modules(gm: torch.nn.Module) -> list[GraphModule]:

@@ -239,7 +239,6 @@ class _Inserter:
             new = self.model.graph.create_node("call_module", name, (node,), {})
         if "val" in node.meta:
             new.meta["val"] = node.meta["val"]
-        inherit_debug_handle(node, new)
         return new
 
     def input_arg(self, node: Node, arg: Any) -> Any:
@@ -305,6 +304,7 @@ class _Inserter:
         if obs is None:
             return
         out = self.insert_after(node, obs)
+        inherit_debug_handle(node, out)  # an output observer serves the node it observes
         for user in list(node.users):
             if user is not out:
                 user.replace_input_with(node, out)
