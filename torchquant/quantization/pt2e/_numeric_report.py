@@ -423,21 +423,29 @@ def numeric_report(float_model: nn.Module, quantized_model: nn.Module,
 
 
 def model_size_bytes(model: nn.Module) -> int:
-    """Bytes of all parameters, buffers and tensor attributes of ``model`` (each counted once)."""
+    """Bytes of the tensors ``model`` computes with, each counted once: for a GraphModule the
+    tensors its graph reads (``get_attr``) and the state of the submodules it calls (float
+    weights that convert replaced by integer ones are not counted); otherwise all parameters
+    and buffers."""
     seen: dict[int, torch.Tensor] = {}
-    for t in list(model.parameters()) + list(model.buffers()):
-        seen[id(t)] = t
-    if isinstance(model, GraphModule):
-        for n in model.graph.nodes:
-            if n.op == "get_attr":
-                obj: Any = model
-                try:
-                    for atom in str(n.target).split("."):
-                        obj = getattr(obj, atom)
-                except AttributeError:
-                    continue
-                if isinstance(obj, torch.Tensor):
-                    seen[id(obj)] = obj
+    if not isinstance(model, GraphModule):
+        for t in list(model.parameters()) + list(model.buffers()):
+            seen[id(t)] = t
+        return sum(t.numel() * t.element_size() for t in seen.values())
+    for n in model.graph.nodes:
+        if n.op not in ("get_attr", "call_module"):
+            continue
+        obj: Any = model
+        try:
+            for atom in str(n.target).split("."):
+                obj = getattr(obj, atom)
+        except AttributeError:
+            continue
+        if isinstance(obj, torch.Tensor):
+            seen[id(obj)] = obj
+        elif isinstance(obj, nn.Module):
+            for t in list(obj.parameters()) + list(obj.buffers()):
+                seen[id(t)] = t
     return sum(t.numel() * t.element_size() for t in seen.values())
 
 
