@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ._cli import UserError, add_subcommands
 from .demo import run_demo
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ._cli import UserError, add_subcommands
-
     parser = argparse.ArgumentParser(
         prog="torchquant", description="Quantize PyTorch models on plain integer tensors.")
     sub = parser.add_subparsers(dest="command")

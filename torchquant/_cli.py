@@ -8,6 +8,7 @@ failed run leaves nothing behind.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import statistics
@@ -15,9 +16,22 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
+
+import torchquant
+
+from .quantization.auto_fallback import quantize_pt2e_with_fallback
+from .quantization.pt2e import (extract_results_from_loggers, numeric_report,
+                                prepare_for_propagation_comparison)
+from .quantization.pt2e._numeric_debugger import (generate_numeric_debug_handle,
+                                                  get_debug_handle, module_stack_to_str)
+from .quantization.pt2e._numeric_report import model_size_bytes
+from .quantization.quantizer.x86_inductor_quantizer import (
+    X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+from .quantization.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
+                                                       get_symmetric_quantization_config)
 
 __all__ = ["UserError", "add_subcommands", "run_quantize", "run_report"]
 
@@ -140,9 +154,6 @@ def _split_tensor(data: torch.Tensor, specs: list[Any]) -> list[tuple]:
 def check_finite(batches: list[tuple], float_model: torch.nn.Module) -> None:
     """NaN / inf in calibration data would poison the observers: name the batch and the layers
     whose float outputs it turns non-finite."""
-    from .quantization.pt2e import extract_results_from_loggers
-    from .quantization.pt2e import prepare_for_propagation_comparison
-    from .quantization.pt2e._numeric_debugger import module_stack_to_str
     for i, batch in enumerate(batches):
         bad = [j for j, t in enumerate(batch) if t.is_floating_point()
                and not bool(torch.isfinite(t).all())]
@@ -171,12 +182,8 @@ def check_finite(batches: list[tuple], float_model: torch.nn.Module) -> None:
 
 def make_quantizer(name: str, per_channel: bool, dynamic: bool) -> Any:
     if name == "x86":
-        from .quantization.quantizer.x86_inductor_quantizer import (
-            X86InductorQuantizer, get_default_x86_inductor_quantization_config)
         return X86InductorQuantizer().set_global(
             get_default_x86_inductor_quantization_config(is_dynamic=dynamic))
-    from .quantization.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
-                                                           get_symmetric_quantization_config)
     return XNNPACKQuantizer().set_global(
         get_symmetric_quantization_config(is_per_channel=per_channel, is_dynamic=dynamic))
 
@@ -214,7 +221,6 @@ def measure_latency_ms(fn: Callable[..., Any], args: tuple, runs: int) -> float:
 
 
 def _compiled_or_eager(model: torch.nn.Module) -> tuple[Callable[..., Any], str]:
-    import torchquant
     compile_fn = getattr(torchquant, "compile", None)
     if callable(compile_fn):
         try:
@@ -276,18 +282,12 @@ def _mb(n: float) -> str:
 # ---- commands -------------------------------------------------------------------------------
 
 def run_quantize(args: argparse.Namespace) -> int:
-    from .quantization.pt2e import quantize_pt2e_with_fallback
-    from .quantization.pt2e._numeric_debugger import generate_numeric_debug_handle
-    from .quantization.pt2e._numeric_report import model_size_bytes
-
     for out in (args.out, args.report, args.plot):
         if out is not None and os.path.isdir(out):
             raise UserError(f"output {out!r} is a directory")
     if args.plot is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise UserError("--plot needs matplotlib: pip install 'torchquant[plot]'") from None
+        if importlib.util.find_spec("matplotlib") is None:
+            raise UserError("--plot needs matplotlib: pip install 'torchquant[plot]'")
     ep = load_program(args.model)
     batches = load_batches(args.calib, ep)
     generate_numeric_debug_handle(ep)
@@ -335,10 +335,6 @@ def run_quantize(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from .quantization.pt2e import numeric_report
-    from .quantization.pt2e._numeric_debugger import generate_numeric_debug_handle, \
-        get_debug_handle
-
     float_ep = load_program(args.float_model)
     quant_ep = load_program(args.quantized_model)
     batches = load_batches(args.data, float_ep)

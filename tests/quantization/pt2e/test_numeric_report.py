@@ -1,5 +1,5 @@
 """numeric_report (PT2E, eager and FX converted models), its markdown / CSV / PNG outputs, and
-the auto-fallback of quantize_pt2e_with_fallback on the ResNet-18-shaped CNN."""
+the auto-fallback of quantization.auto_fallback on the ResNet-18-shaped CNN."""
 from __future__ import annotations
 
 import copy
@@ -15,6 +15,7 @@ from _models import ResidualBlock
 from torchquant.examples.resnet import ResNet18, randomize_bn
 from torchquant.quantization import convert, fuse_modules, get_default_qconfig, prepare
 from torchquant.quantization import pt2e
+from torchquant.quantization.auto_fallback import quantize_pt2e_with_fallback
 from torchquant.quantization.pt2e._numeric_report import model_size_bytes
 from torchquant.quantization.qconfig_mapping import get_default_qconfig_mapping
 from torchquant.quantization.quantize_fx import convert_fx, prepare_fx
@@ -161,7 +162,7 @@ def test_resnet_report_and_fallback():
     ep = torch.export.export(model, batches[0])
     quantizer = tq_xnn.XNNPACKQuantizer().set_global(
         tq_xnn.get_symmetric_quantization_config(is_per_channel=True))
-    plain = pt2e.quantize_pt2e_with_fallback(ep, quantizer, batches)
+    plain = quantize_pt2e_with_fallback(ep, quantizer, batches)
     report = plain.report
     assert plain.kept_float == [] and _conv_weights(plain.model) == (20, 0)
     weighted = [r for r in report.rows if r.op in ("aten.conv2d", "aten.linear")]
@@ -170,7 +171,7 @@ def test_resnet_report_and_fallback():
     assert all(r.module_path.startswith(("conv1", "layer", "fc")) for r in weighted)
     # keep float whatever is below the third-worst conv / linear: at most a few layers
     threshold = sorted(r.sqnr_db for r in weighted)[2] + 1e-3
-    result = pt2e.quantize_pt2e_with_fallback(ep, quantizer, batches,
+    result = quantize_pt2e_with_fallback(ep, quantizer, batches,
                                               fallback_sqnr_db=threshold, max_float_layers=4)
     assert 1 <= len(result.kept_float) <= 4
     assert result.kept_float[0] == next(r.module_path for r in report.rows

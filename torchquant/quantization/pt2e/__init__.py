@@ -21,8 +21,7 @@ from ._numeric_debugger import (CUSTOM_KEY, FROM_NODE_KEY, NUMERIC_DEBUG_HANDLE_
                                 QuantizationComparisonResult, compare_results,
                                 extract_results_from_loggers, generate_numeric_debug_handle,
                                 prepare_for_propagation_comparison)
-from ._numeric_report import (FallbackResult, LayerAccuracy, NumericReport, numeric_report,
-                              quantize_pt2e_with_fallback)
+from ._numeric_report import LayerAccuracy, NumericReport, numeric_report
 from .export_utils import (allow_exported_model_train_eval, model_is_exported,
                            move_exported_model_to_eval, move_exported_model_to_train)
 
@@ -38,6 +37,5 @@ __all__ = [
     "CUSTOM_KEY", "NUMERIC_DEBUG_HANDLE_KEY", "FROM_NODE_KEY", "generate_numeric_debug_handle",
     "prepare_for_propagation_comparison", "OutputLogger", "extract_results_from_loggers",
     "compare_results", "QuantizationComparisonResult", "NodeAccuracySummary",
-    "numeric_report", "NumericReport", "LayerAccuracy", "quantize_pt2e_with_fallback",
-    "FallbackResult",
+    "numeric_report", "NumericReport", "LayerAccuracy",
 ]

@@ -1,5 +1,6 @@
 """Where did the accuracy go: a per-layer report comparing a quantized model with its float
-original on the same inputs, and an auto-fallback that keeps the worst layers in float.
+original on the same inputs (the auto-fallback built on it is
+:mod:`torchquant.quantization.auto_fallback`).
 
 * PT2E (``convert_pt2e`` output): one row per numeric debug handle, from the propagation
   loggers of :mod:`._numeric_debugger` (call ``generate_numeric_debug_handle`` on the exported
@@ -16,9 +17,7 @@ the signal (``QuantizationComparisonResult.sqnr`` follows torchao and uses the a
 """
 from __future__ import annotations
 
-import copy
 import csv
-import dataclasses
 import io
 import math
 import os
@@ -31,18 +30,13 @@ import torch
 from torch import nn
 from torch.fx import GraphModule, Node
 
-from ..quantizer.quantizer import Q_ANNOTATION_KEY, Quantizer
 from ._numeric_debugger import (extract_results_from_loggers, get_debug_handle,
                                 module_stack_to_str, prepare_for_propagation_comparison)
 
-__all__ = ["LayerAccuracy", "NumericReport", "numeric_report", "FallbackResult",
-           "quantize_pt2e_with_fallback", "model_size_bytes", "WEIGHTED_OPS"]
+__all__ = ["LayerAccuracy", "NumericReport", "numeric_report", "model_size_bytes",
+           "DEFAULT_THRESHOLD_DB"]
 
 DEFAULT_THRESHOLD_DB = 20.0
-
-#: The aten ops the fallback may keep in float (the layers that hold weights).
-WEIGHTED_OPS = ("aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.conv_transpose1d",
-                "aten.conv_transpose2d", "aten.conv_transpose3d", "aten.linear")
 
 # Float modules that eager / FX fusion folds into the quantized module before them.
 _FUSABLE_AFTER = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.ReLU, nn.ReLU6)
@@ -447,113 +441,3 @@ def model_size_bytes(model: nn.Module) -> int:
             for t in list(obj.parameters()) + list(obj.buffers()):
                 seen[id(t)] = t
     return sum(t.numel() * t.element_size() for t in seen.values())
-
-
-class _KeepFloat(Quantizer):
-    """Wraps a quantizer and removes its annotations from the nodes of chosen debug handles,
-    so those layers stay float."""
-
-    def __init__(self, inner: Quantizer, handles: set[int]) -> None:
-        super().__init__()
-        self.inner = inner
-        self.handles = set(handles)
-
-    def transform_for_annotation(self, model: GraphModule) -> GraphModule:
-        return self.inner.transform_for_annotation(model)
-
-    def annotate(self, model: GraphModule) -> GraphModule:
-        model = self.inner.annotate(model) or model
-        for node in model.graph.nodes:
-            if get_debug_handle(node) in self.handles:
-                node.meta.pop(Q_ANNOTATION_KEY, None)
-        return model
-
-    def validate(self, model: GraphModule) -> None:
-        self.inner.validate(model)
-
-    def prepare_obs_or_fq_callback(self, model: GraphModule, edge_or_node_to_obs_or_fq: dict
-                                   ) -> None:
-        self.inner.prepare_obs_or_fq_callback(model, edge_or_node_to_obs_or_fq)
-
-
-@dataclass
-class FallbackResult:
-    """What :func:`quantize_pt2e_with_fallback` produced."""
-    model: GraphModule
-    report: NumericReport
-    kept_float: list[str]  # module paths (node names where a layer has no module)
-    kept_float_handles: list[int]
-    size_bytes: int
-    size_bytes_all_quantized: int
-    report_all_quantized: NumericReport
-    model_all_quantized: GraphModule
-
-
-def _is_weighted(row: LayerAccuracy) -> bool:
-    return row.op.startswith(WEIGHTED_OPS)
-
-
-def quantize_pt2e_with_fallback(ep: torch.export.ExportedProgram, quantizer: Quantizer,
-                                calibration_batches: Iterable[Any],
-                                fallback_sqnr_db: Optional[float] = None,
-                                report_batches: Optional[Iterable[Any]] = None,
-                                threshold_db: Optional[float] = None,
-                                max_float_layers: Optional[int] = None,
-                                progress: Optional[Callable[[Iterable], Iterable]] = None
-                                ) -> FallbackResult:
-    """Quantize an exported program (``prepare_pt2e`` -> calibrate -> ``convert_pt2e``) and
-    report per-layer accuracy.  With ``fallback_sqnr_db``, the worst quantized conv / linear
-    below that SQNR is kept in float and the program re-quantized, one layer at a time, until
-    every quantized conv / linear is at or above it (or ``max_float_layers`` are float).
-    Adds numeric debug handles to ``ep`` if it has none."""
-    from ..quantize_pt2e import convert_pt2e, prepare_pt2e
-    from ._numeric_debugger import generate_numeric_debug_handle
-
-    calib = [_as_args(b) for b in calibration_batches]
-    if not calib:
-        raise ValueError("quantize_pt2e_with_fallback: the calibration set is empty")
-    report_set = calib if report_batches is None else [_as_args(b) for b in report_batches]
-    if threshold_db is None:
-        threshold_db = DEFAULT_THRESHOLD_DB if fallback_sqnr_db is None else fallback_sqnr_db
-    generate_numeric_debug_handle(ep)
-    float_model = ep.module()
-    iterate = progress or (lambda xs: xs)
-
-    def quantize(handles: set[int], show_progress: bool) -> GraphModule:
-        q = _KeepFloat(copy.deepcopy(quantizer), handles) if handles else quantizer
-        prepared = prepare_pt2e(ep.module(), q)
-        with torch.no_grad():
-            for b in (iterate(calib) if show_progress else calib):
-                prepared(*b)
-        return convert_pt2e(prepared)
-
-    model = quantize(set(), True)
-    report = numeric_report(float_model, model, report_set, threshold_db)
-    first_model, first_report, first_size = model, report, model_size_bytes(model)
-    kept: list[LayerAccuracy] = []
-    if fallback_sqnr_db is not None:
-        limit = max_float_layers if max_float_layers is not None else math.inf
-        while len(kept) < limit:
-            kept_handles = {r.handle for r in kept}
-            candidates = [r for r in report.rows if _is_weighted(r) and r.handle not in
-                          kept_handles and not (r.sqnr_db >= fallback_sqnr_db)]
-            if not candidates:
-                break
-            kept.append(candidates[0])
-            model = quantize({r.handle for r in kept}, False)
-            report = numeric_report(float_model, model, report_set, threshold_db)
-    names = [r.module_path or r.node for r in kept]
-    report.kept_float = names
-    kept_handles = {r.handle for r in kept}
-    report.rows = [dataclasses.replace(r, kept_float=True, flagged=False)
-                   if r.handle in kept_handles else r for r in report.rows]
-    size = model_size_bytes(model)
-    if kept:
-        report.notes.append(f"Fallback: {len(kept)} layer(s) kept in float; size "
-                            f"{first_size / 1e6:.3f} MB -> {size / 1e6:.3f} MB; output SQNR "
-                            f"{_fmt(first_report.output_sqnr_db or float('nan'))} dB -> "
-                            f"{_fmt(report.output_sqnr_db or float('nan'))} dB")
-    return FallbackResult(model=model, report=report, kept_float=names,
-                          kept_float_handles=[r.handle for r in kept if r.handle is not None],
-                          size_bytes=size, size_bytes_all_quantized=first_size,
-                          report_all_quantized=first_report, model_all_quantized=first_model)
