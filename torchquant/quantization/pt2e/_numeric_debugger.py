@@ -11,12 +11,13 @@ integer handles the reference documentation describes rather than by node proven
     act = prepare_for_propagation_comparison(quant_gm); act(*args)
     summary = compare_results(extract_results_from_loggers(ref), extract_results_from_loggers(act))
 
-Handles live in ``node.meta["custom"]["numeric_debug_handle"]``; ``prepare_pt2e`` gives each
-output observer the handle of the node it observes (:func:`inherit_debug_handle`) and
-``convert_pt2e`` gives the quantize / dequantize nodes replacing an observer the observer's
-handle (:func:`debug_handle_from_observer`), so in a converted graph the last node of a quantized
-op's group is the dequantize of its output.  As in torchao, observers on input edges (and the
-weights' quantize / dequantize) carry no handle.
+Handles live in ``node.meta["custom"]["numeric_debug_handle"]``; ``prepare_pt2e`` gives an
+output observer the handle of the node it observes and an input-edge observer (activations,
+weights) the handle of its consumer (:func:`inherit_debug_handle`); ``convert_pt2e`` gives the
+quantize / dequantize nodes replacing an observer the observer's handle
+(:func:`debug_handle_from_observer`).  Input-edge q / dq come before their consumer, so the
+last node of a handle's group, the one logged, is the op itself or the dequantize of its
+output: the node torchao 0.18 logs for it.
 """
 from __future__ import annotations
 
@@ -65,8 +66,8 @@ def inherit_debug_handle(source: Node, new: Node) -> None:
 
 
 def debug_handle_from_observer(observer: Node, new: Node) -> None:
-    """A quantize / dequantize node replacing ``observer`` carries the observer's handle: that
-    of the node whose output it observes, none for an observer on an input edge (torchao)."""
+    """A quantize / dequantize node replacing ``observer`` carries the observer's handle (that
+    of the op it serves), none when the observer has none."""
     handle = get_debug_handle(observer)
     custom = new.meta.get(CUSTOM_KEY)
     if handle is not None:

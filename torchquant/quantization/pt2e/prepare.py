@@ -259,7 +259,9 @@ class _Inserter:
             if (is_observer_node(user, self.named_modules)
                     and self.named_modules[str(user.target)] is obs):
                 return user
-        return self.insert_after(arg, obs)
+        new = self.insert_after(arg, obs)
+        inherit_debug_handle(node, new)  # an input-edge observer serves its consumer
+        return new
 
     def _observed_inputs(self, node: Node) -> set[Node]:
         found: set[Node] = set()
