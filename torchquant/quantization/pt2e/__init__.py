@@ -16,6 +16,12 @@ from ..observer import (FixedQParamsObserver, HistogramObserver, MinMaxObserver,
                         NoopObserver, ObserverBase, PerChannelMinMaxObserver,
                         PlaceholderObserver, RecordingObserver, ReuseInputObserver,
                         UniformQuantizationObserverBase)
+from ._numeric_debugger import (CUSTOM_KEY, FROM_NODE_KEY, NUMERIC_DEBUG_HANDLE_KEY,
+                                NodeAccuracySummary, OutputLogger,
+                                QuantizationComparisonResult, compare_results,
+                                extract_results_from_loggers, generate_numeric_debug_handle,
+                                prepare_for_propagation_comparison)
+from ._numeric_report import LayerAccuracy, NumericReport, numeric_report
 from .export_utils import (allow_exported_model_train_eval, model_is_exported,
                            move_exported_model_to_eval, move_exported_model_to_train)
 
@@ -28,4 +34,8 @@ __all__ = [
     "enable_observer", "disable_fake_quant", "disable_observer", "default_fake_quant",
     "default_dynamic_fake_quant", "move_exported_model_to_eval", "move_exported_model_to_train",
     "allow_exported_model_train_eval", "model_is_exported",
+    "CUSTOM_KEY", "NUMERIC_DEBUG_HANDLE_KEY", "FROM_NODE_KEY", "generate_numeric_debug_handle",
+    "prepare_for_propagation_comparison", "OutputLogger", "extract_results_from_loggers",
+    "compare_results", "QuantizationComparisonResult", "NodeAccuracySummary",
+    "numeric_report", "NumericReport", "LayerAccuracy",
 ]

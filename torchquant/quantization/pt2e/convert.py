@@ -28,6 +28,7 @@ from torch.fx.node import map_arg
 from ... import dtypes as _dt
 from ..quantizer.quantizer import Q_ANNOTATION_KEY
 from ..quantizer.utils import is_valid_annotation
+from ._numeric_debugger import debug_handle_from_observer
 from .utils import is_observer_node, set_tensor_attr
 
 __all__ = ["convert", "QUANTIZE_OPS", "DEQUANTIZE_OPS", "fold_quantize_constants",
@@ -101,6 +102,7 @@ class _Rewriter:
                 for key in _PORTED_META:
                     if key in source.meta:
                         new.meta[key] = copy.copy(source.meta[key])
+                debug_handle_from_observer(node, new)
 
     @staticmethod
     def _meta_source(node: Node) -> Optional[Node]:

@@ -23,6 +23,7 @@ from ..quantizer.quantizer import (DerivedQuantizationSpec, EdgeOrNode,
                                    FixedQParamsQuantizationSpec, ObserverOrFakeQuantize,
                                    Q_ANNOTATION_KEY, QuantizationSpec, QuantizationSpecBase,
                                    SharedQuantizationSpec)
+from ._numeric_debugger import inherit_debug_handle
 from .utils import is_observer_node
 
 __all__ = ["DerivedObserverOrFakeQuantize", "prepare", "OBSERVER_PREFIX"]
@@ -258,7 +259,9 @@ class _Inserter:
             if (is_observer_node(user, self.named_modules)
                     and self.named_modules[str(user.target)] is obs):
                 return user
-        return self.insert_after(arg, obs)
+        new = self.insert_after(arg, obs)
+        inherit_debug_handle(node, new)  # an input-edge observer serves its consumer
+        return new
 
     def _observed_inputs(self, node: Node) -> set[Node]:
         found: set[Node] = set()
@@ -303,6 +306,7 @@ class _Inserter:
         if obs is None:
             return
         out = self.insert_after(node, obs)
+        inherit_debug_handle(node, out)  # an output observer serves the node it observes
         for user in list(node.users):
             if user is not out:
                 user.replace_input_with(node, out)

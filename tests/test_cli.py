@@ -1,0 +1,167 @@
+"""The command line: ``torchquant quantize`` / ``report`` end to end on a small exported model
+(the quantized program is loaded again in a fresh process), and its bad-input handling (one
+line on stderr, non-zero exit, nothing written)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from torchquant.__main__ import main
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("ignore:XNNPACKQuantizer is deprecated")
+
+
+class SmallNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = torch.relu(self.conv2(y)) + y
+        return self.fc(torch.flatten(self.pool(y), 1))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli")
+    torch.manual_seed(0)
+    example = torch.randn(2, 3, 8, 8)
+    torch.export.save(torch.export.export(SmallNet().eval(), (example,)), folder / "float.pt2")
+    torch.save([(torch.randn(2, 3, 8, 8),) for _ in range(3)], folder / "calib.pt")
+    return folder
+
+
+def _run(args, capsys):
+    rc = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert all(word in text for word in ("quantize", "report", "demo"))
+    for command, flags in (("quantize", ("--calib", "--quantizer", "--max-drop-db", "--out")),
+                           ("report", ("--data", "FLOAT.pt2", "QUANT.pt2"))):
+        with pytest.raises(SystemExit) as e:
+            main([command, "--help"])
+        assert e.value.code == 0
+        text = capsys.readouterr().out
+        assert all(flag in text for flag in flags)
+
+
+def test_console_script_is_declared():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["torchquant"] == "torchquant.__main__:main"
+
+
+def test_quantize_round_trip_in_a_new_process(files, capsys):
+    out, report, plot = files / "q.pt2", files / "report.md", files / "sqnr.png"
+    rc, stdout, err = _run(["quantize", files / "float.pt2", "--calib", files / "calib.pt",
+                            "--quantizer", "xnnpack", "--per-channel", "--out", out,
+                            "--report", report, "--plot", plot, "--latency-runs", "2"], capsys)
+    assert rc == 0, err
+    assert "size:" in stdout and "latency" in stdout and "| node | module |" in stdout
+    assert "conv1" in stdout and "Model output SQNR" in stdout
+    assert "| node | module |" in report.read_text()
+    assert plot.read_bytes()[:4] == b"\x89PNG" and plot.stat().st_size > 5000
+    assert not [p for p in os.listdir(files) if p.startswith(".torchquant-")]
+
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(5))
+    torch.save(x, files / "x.pt")
+    loaded = torch.export.load(str(out))
+    here = loaded.module()(x)
+    ops = {str(n.target) for n in loaded.graph.nodes if n.op == "call_function"}
+    assert "torchquant.dequantize_per_channel.default" in ops
+    script = ("import sys, torch, torchquant\n"
+              "ep = torch.export.load(sys.argv[1])\n"
+              "torch.save(ep.module()(torch.load(sys.argv[2])), sys.argv[3])\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, "-c", script, str(out), str(files / "x.pt"),
+                    str(files / "y.pt")], check=True, env=env, cwd=ROOT, timeout=300,
+                   capture_output=True)
+    assert torch.equal(torch.load(files / "y.pt"), here)
+
+    # the report command reads both programs back and compares them
+    csv_path = files / "report.csv"
+    rc, stdout, err = _run(["report", files / "float.pt2", out, "--data", files / "calib.pt",
+                            "--csv", csv_path], capsys)
+    assert rc == 0, err
+    assert "conv2d" in stdout and csv_path.read_text().startswith("handle,node,")
+
+
+def test_quantize_with_fallback(files, capsys):
+    out = files / "fallback.pt2"
+    rc, stdout, err = _run(["quantize", files / "float.pt2", "--calib", files / "calib.pt",
+                            "--quantizer", "x86", "--out", out, "--max-drop-db", "80",
+                            "--max-float-layers", "1", "--latency-runs", "1"], capsys)
+    assert rc == 0, err
+    assert "Kept in float:" in stdout and "Fallback cost:" in stdout
+    assert out.exists()
+
+
+def _bad_inputs(folder: Path) -> dict:
+    nan = torch.randn(2, 3, 8, 8)
+    nan[0, 0, 0, 0] = float("nan")
+    torch.save([(torch.randn(2, 3, 8, 8),), (nan,)], folder / "nan.pt")
+    torch.save([], folder / "empty.pt")
+    torch.save([(torch.randn(2, 3, 5, 5),)], folder / "shape.pt")
+    torch.save({"x": 1}, folder / "dict.pt")
+    (folder / "junk.pt2").write_bytes(b"not a program")
+    return {
+        "not_a_program": (folder / "junk.pt2", folder / "calib.pt", "not a program saved"),
+        "missing_program": (folder / "nope.pt2", folder / "calib.pt", "does not exist"),
+        "missing_data": (folder / "float.pt2", folder / "nope.pt", "does not exist"),
+        "empty": (folder / "float.pt2", folder / "empty.pt", "is empty"),
+        "shape": (folder / "float.pt2", folder / "shape.pt", "has shape (2, 3, 5, 5)"),
+        "wrong_type": (folder / "float.pt2", folder / "dict.pt", "holds a dict"),
+        "nan": (folder / "float.pt2", folder / "nan.pt", "batch 1 input 0 contains NaN"),
+    }
+
+
+@pytest.mark.parametrize("case", ["not_a_program", "missing_program", "missing_data", "empty",
+                                  "shape", "wrong_type", "nan"])
+def test_bad_inputs(files, capsys, case):
+    model, data, message = _bad_inputs(files)[case]
+    out = files / f"bad-{case}.pt2"
+    rc, stdout, err = _run(["quantize", model, "--calib", data, "--out", out,
+                            "--report", files / f"bad-{case}.md"], capsys)
+    assert rc != 0
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("torchquant quantize: error:"), err
+    assert message in lines[0] and "Traceback" not in err
+    assert not out.exists() and not (files / f"bad-{case}.md").exists()
+    assert not [p for p in os.listdir(files) if p.startswith(".torchquant-")]
+    if case == "nan":  # the layers the NaN reaches are named
+        assert "conv1 (conv2d)" in lines[0]
+
+
+def test_bad_program_in_a_process_prints_one_line(files):
+    """torch logs a traceback when torch.export.load fails; the command silences it."""
+    (files / "junk2.pt2").write_bytes(b"not a program")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-m", "torchquant", "quantize",
+                           str(files / "junk2.pt2"), "--calib", str(files / "calib.pt"),
+                           "--out", str(files / "never.pt2")], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()
+             and "Failed to load" not in line]  # torchao-style import noise is not ours
+    assert len(lines) == 1 and "not a program saved with torch.export.save" in lines[0], \
+        done.stderr
+    assert not (files / "never.pt2").exists()
