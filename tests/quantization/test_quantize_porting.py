@@ -1,8 +1,7 @@
 """Details of the eager workflow that ported torch.ao code relies on, against torch 2.13:
 the observer hook's place among user hooks, ``_get_observer_dict``, the private module path of
 ``_LearnableFakeQuantize`` and ``nn.quantized.MaxPool2d``."""
-import copy
-
+import pytest
 import torch
 import torch.ao.nn.quantized as ao_nnq
 import torch.ao.quantization as aoq
@@ -104,3 +103,36 @@ def test_quantized_maxpool2d_matches_torch():
     assert isinstance(y, tq.QTensor)
     assert torch.equal(y.int_repr(), y_ref.int_repr())
     assert (y.q_scale(), y.q_zero_point()) == (y_ref.q_scale(), y_ref.q_zero_point())
+
+
+def _transpose_model(api, qconfig):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 4, 1), nn.ConvTranspose2d(4, 2, 2)).eval()
+    model.qconfig = qconfig
+    try:
+        return api.prepare(model), None
+    except AssertionError as exc:
+        return None, str(exc)
+
+
+def test_per_channel_weight_observer_on_conv_transpose_rejected_at_prepare_as_torch():
+    """torch's propagate_qconfig_ rejects a per-channel weight observer on a ConvTranspose
+    whatever its ch_axis (AssertionError); a per-tensor one, or a per-channel fake-quant (not
+    an observer instance, so torch lets it through), pass."""
+    cases = [
+        lambda api: api.get_default_qconfig("x86"),
+        lambda api: api.QConfig(activation=api.default_observer,
+                                weight=api.PerChannelMinMaxObserver.with_args(
+                                    ch_axis=1, dtype=torch.qint8,
+                                    qscheme=torch.per_channel_symmetric)),
+        lambda api: api.default_qconfig,
+        lambda api: api.get_default_qat_qconfig("x86"),
+    ]
+    for make in cases:
+        ours = _transpose_model(tqq, make(tqq))
+        theirs = _transpose_model(aoq, make(aoq))
+        assert ours[1] == theirs[1]
+        assert (ours[0] is None) == (theirs[0] is None)
+    with pytest.raises(AssertionError, match="Per channel weight observer"):
+        tqq.propagate_qconfig_(nn.Sequential(nn.ConvTranspose1d(2, 2, 1)),
+                               {nn.ConvTranspose1d: tqq.get_default_qconfig("x86")})

@@ -26,6 +26,7 @@ from ..nn.quantized.modules.functional_modules import FloatFunctional, QFunction
 from . import summary as _summary
 from .fake_quantize import FakeQuantizeBase
 from .observer import ObserverBase
+from .qconfig import _assert_valid_qconfig
 from .qconfig import (QConfig, _activation_is_memoryless, default_dynamic_qconfig,
                       float16_dynamic_qconfig, float_qparams_weight_only_qconfig,
                       float_qparams_weight_only_qconfig_4bit)
@@ -75,6 +76,7 @@ def _propagate(module: nn.Module, qconfig_dict: dict, parent_qconfig: Any, prefi
                                                                               "activation"):
         raise TypeError(f"{prefix or type(module).__name__}: qconfig must be a QConfig, got "
                         f"{type(qconfig).__name__}")
+    _assert_valid_qconfig(qconfig, module)  # as torch: no per-channel weight on ConvTranspose
     module.qconfig = qconfig
     skip_names = set(custom.get("non_traceable_module_name", []))
     skip_types = tuple(custom.get("non_traceable_module_class", []))
