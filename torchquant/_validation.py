@@ -3,13 +3,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .qtensor import QTensor
+from .qtensor import QTensor, _refuse_jit_trace
 
 __all__ = ["require_quantized", "require_per_tensor"]
 
 
 def require_quantized(x: Any, op: str) -> QTensor:
-    """``x`` as a per-tensor 8/32-bit QTensor; ValueError for float input, as torch."""
+    """``x`` as a per-tensor 8/32-bit QTensor; ValueError for float input, as torch.
+    Refuses torch.jit.trace (a quantized module's input: TorchScript cannot carry QTensors)."""
+    _refuse_jit_trace()
     if not isinstance(x, QTensor):
         raise ValueError(f"Input to 'quantized.{op}' must be quantized!")
     return require_per_tensor(x, op)

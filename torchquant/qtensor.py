@@ -36,6 +36,24 @@ def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def torchscript_unsupported(what: str) -> RuntimeError:
+    """The error for TorchScript (``torch.jit.script`` / ``trace``, hence ``save``) meeting a
+    QTensor or a quantized module.  TorchScript would see only the storage-less wrapper -- no
+    integers, no qparams -- and read or save garbage (or crash the interpreter); it is refused
+    up front, pointing to the tracers that do support QTensors."""
+    return RuntimeError(
+        f"{what} does not support torchquant's QTensors or quantized modules: TorchScript sees "
+        f"a QTensor as an empty wrapper (its integers and qparams live in Python), so the "
+        f"result would be wrong or crash. Use torch.export.export(model, args) (a graph of "
+        f"torch.ops.torchquant ops, saved with torch.export.save) or torch.compile(model) "
+        f"instead.")
+
+
+def _refuse_jit_trace() -> None:
+    if torch._C._get_tracing_state() is not None:
+        raise torchscript_unsupported("torch.jit.trace")
+
+
 class QTensor(torch.Tensor):
     """Quantized tensor.  Build it with :func:`torchquant.quantize_per_tensor`,
     :func:`torchquant.quantize_per_channel` or :meth:`QTensor.from_int`."""
@@ -48,6 +66,7 @@ class QTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        _refuse_jit_trace()
         # Only a few torch-level functions are taken here, before torch decomposes them into
         # ops that cost more (F.max_pool2d would become max_pool2d_with_indices, whose indices
         # force a float round trip); everything else goes straight on to __torch_dispatch__.
@@ -67,6 +86,7 @@ class QTensor(torch.Tensor):
     def __new__(cls, int_data: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
                 qdtype: QDType, axis: Optional[int] = None, shape: Optional[Sequence[int]] = None,
                 numbers: Optional[tuple[float, int]] = None):
+        _refuse_jit_trace()
         qdtype = _dt.qdtype_of(qdtype)
         if qdtype.is_sub_byte:
             shape = tuple(shape)
@@ -178,6 +198,7 @@ class QTensor(torch.Tensor):
 
     def int_repr(self) -> torch.Tensor:  # type: ignore[override]
         """A copy of the stored integers (packed 1-D bytes for sub-byte dtypes, as torch)."""
+        _refuse_jit_trace()
         return self.int_data.clone(memory_format=torch.preserve_format) \
             if not self.qdtype.is_sub_byte else self.int_data.clone()
 
@@ -202,6 +223,7 @@ class QTensor(torch.Tensor):
         return int(self.axis)
 
     def dequantize(self) -> torch.Tensor:  # type: ignore[override]
+        _refuse_jit_trace()
         if _traced_per_tensor(self):  # one graph node, its qparams constants
             return ops_quantize.dequantize_per_tensor(self.int_data, *self._numbers)
         return ops_quantize.dequantize_int(self._values(), self.scale, self.zero_point, self.axis)

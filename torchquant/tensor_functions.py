@@ -117,9 +117,36 @@ def fake_quantize_per_tensor_affine(input: torch.Tensor, scale: Any, zero_point:
                                            torch.as_tensor(zero_point), quant_min, quant_max)
 
 
+_ATEN_DTYPE_NAMES = {torch.float64: "Double", torch.float32: "Float", torch.float16: "Half",
+                     torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
+                     torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+                     torch.bool: "Bool"}
+
+
+def _check_per_channel_fake_quant_qparams(scale: Any, zero_point: Any, quant_min: int,
+                                          quant_max: int) -> None:
+    if isinstance(zero_point, torch.Tensor) and zero_point.dtype not in (
+            torch.int32, torch.float32, torch.float16):
+        found = _ATEN_DTYPE_NAMES.get(zero_point.dtype, str(zero_point.dtype))
+        raise RuntimeError(f"Zero-point must be Int32, Float or Half, found {found}")
+    if isinstance(scale, torch.Tensor) and scale.dtype not in (torch.float32, torch.bfloat16):
+        found = _ATEN_DTYPE_NAMES.get(scale.dtype, str(scale.dtype))
+        raise RuntimeError(f"Scale must be Float or BFloat16, found {found}")
+    if isinstance(zero_point, torch.Tensor) and not zero_point.dtype.is_floating_point \
+            and zero_point.numel() and quant_min <= quant_max:
+        lo, hi = torch.aminmax(zero_point)
+        if int(lo) < quant_min or int(hi) > quant_max:
+            raise RuntimeError("`zero_point` must be between `quant_min` and `quant_max`.")
+
+
 def fake_quantize_per_channel_affine(input: torch.Tensor, scale: torch.Tensor,
                                      zero_point: torch.Tensor, axis: int, quant_min: int,
                                      quant_max: int) -> torch.Tensor:
-    """Per-channel fake quantization along ``axis``."""
+    """Per-channel fake quantization along ``axis``.
+
+    The qparams are checked as torch checks them (RuntimeError, torch's messages): an int32,
+    float32 or float16 ``zero_point``, a float32 or bfloat16 ``scale``, and integer zero
+    points inside ``[quant_min, quant_max]`` (float ones are not range-checked, as torch)."""
     _check_float_input(input, "fake_quantize_per_channel_affine")
+    _check_per_channel_fake_quant_qparams(scale, zero_point, quant_min, quant_max)
     return ops_fake_quantize.fake_quantize(input, scale, zero_point, quant_min, quant_max, axis)

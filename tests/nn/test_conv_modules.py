@@ -344,7 +344,9 @@ def test_from_reference_matches_torch():
     assert torch.equal(tq_mod.bias(), ao_mod.bias())
     assert repr(tq_mod) == repr(ao_mod)
     # a fused reference container contributes its conv (nniq.ConvReLU2d.from_reference)
-    tq_relu = nniq.ConvReLU2d.from_reference(nni.ConvReLU2d(ref, nn.ReLU()), 0.0625, 60)
+    fused = nni.ConvReLU2d(nn.Conv2d(4, 8, 3), nn.ReLU())  # torch's constructor takes a
+    fused[0] = ref  # float Conv2d only; its FX convert puts the reference conv in afterwards
+    tq_relu = nniq.ConvReLU2d.from_reference(fused, 0.0625, 60)
     assert torch.equal(tq_relu.weight().int_repr(), tq_mod.weight().int_repr())
     # per-tensor reference transposed conv
     convt = make_float(nn.ConvTranspose2d, kernel_size=2, stride=2)

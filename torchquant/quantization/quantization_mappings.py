@@ -89,6 +89,9 @@ DEFAULT_DYNAMIC_QUANT_MODULE_MAPPINGS: dict = {
     _ndql: nnqd.Linear, nn.LSTM: nnqd.LSTM, nn.GRU: nnqd.GRU, nn.LSTMCell: nnqd.LSTMCell,
     nn.RNNCell: nnqd.RNNCell, nni.LinearReLU: nniqd.LinearReLU,
     nn.EmbeddingBag: nnq.EmbeddingBag, nn.Embedding: nnq.Embedding,
+    # As torch, the dynamic convs (nnqd.Conv1d/2d/3d, nnqd.ConvTranspose1d/2d/3d) are left out
+    # of the default: their output is requantized to the input's qparams (poor accuracy).
+    # Pass them in ``mapping`` to quantize_dynamic / convert, e.g. {nn.Conv2d: nnqd.Conv2d}.
 }
 DEFAULT_MODULE_TO_ACT_POST_PROCESS: dict = {
     nn.Hardsigmoid: fq.default_fixed_qparams_range_0to1_fake_quant,

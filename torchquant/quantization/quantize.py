@@ -27,6 +27,7 @@ from . import distributed as _distributed
 from . import summary as _summary
 from .fake_quantize import FakeQuantizeBase
 from .observer import ObserverBase
+from .qconfig import _assert_valid_qconfig
 from .qconfig import (QConfig, _activation_is_memoryless, default_dynamic_qconfig,
                       float16_dynamic_qconfig, float_qparams_weight_only_qconfig,
                       float_qparams_weight_only_qconfig_4bit)
@@ -76,6 +77,7 @@ def _propagate(module: nn.Module, qconfig_dict: dict, parent_qconfig: Any, prefi
                                                                               "activation"):
         raise TypeError(f"{prefix or type(module).__name__}: qconfig must be a QConfig, got "
                         f"{type(qconfig).__name__}")
+    _assert_valid_qconfig(qconfig, module)  # as torch: no per-channel weight on ConvTranspose
     module.qconfig = qconfig
     skip_names = set(custom.get("non_traceable_module_name", []))
     skip_types = tuple(custom.get("non_traceable_module_class", []))
@@ -133,10 +135,12 @@ def _insert_observer(m: nn.Module, name: str, device: Optional[torch.device],
         observer.to(device)
     m.add_module("activation_post_process", observer)
     m._torchquant_name = name
+    # prepend, as torch: the observer runs before hooks the user registered earlier, so those
+    # see the observed (for a fake-quant: the fake-quantized) output, in torch's order
     if _activation_is_memoryless(m.qconfig):
-        m.register_forward_pre_hook(_observer_forward_pre_hook)
+        m.register_forward_pre_hook(_observer_forward_pre_hook, prepend=True)
     else:
-        m.register_forward_hook(_observer_forward_hook)
+        m.register_forward_hook(_observer_forward_hook, prepend=True)
 
 
 def _is_leaf(m: nn.Module) -> bool:
@@ -211,6 +215,17 @@ def prepare(model: nn.Module, inplace: bool = False, allow_list: Optional[set] =
     _distributed._apply_prepare_option(model, sync_across_ranks)
     _summary.record(model, "prepare")
     return model
+
+
+def _get_observer_dict(mod: nn.Module, target_dict: dict, prefix: str = "") -> None:
+    """Collect every ``activation_post_process`` under ``mod`` into ``target_dict``, keyed by
+    its qualified name (``"conv.activation_post_process"``), for accuracy debugging (torch's
+    private helper of the same name)."""
+    dot = prefix + "." if prefix else ""
+    if hasattr(mod, "activation_post_process"):
+        target_dict[dot + "activation_post_process"] = mod.activation_post_process
+    for name, child in mod.named_children():
+        _get_observer_dict(child, target_dict, dot + name)
 
 
 def _remove_activation_post_process(module: nn.Module) -> None:

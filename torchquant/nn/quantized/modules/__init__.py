@@ -10,6 +10,9 @@ from .linear import *  # noqa: F401,F403
 from .normalization import *  # noqa: F401,F403
 from .rnn import *  # noqa: F401,F403
 from .stubs import *  # noqa: F401,F403
+# torch's quantized MaxPool2d is the float module itself (max pooling commutes with a monotone
+# affine map, so it runs on the QTensor's integers); importable here as in torch, not in __all__
+from torch.nn.modules.pooling import MaxPool2d  # noqa: F401
 from . import (activation, activation_mha, batchnorm, conv, dropout, embedding_ops,
                functional_modules, linear, normalization, rnn, stubs)
 

@@ -97,6 +97,18 @@ def _reference_quantized_weight(ref: nn.Module) -> QTensor:
     raise ValueError(f"unsupported reference weight qscheme {scheme!r} for a quantized conv")
 
 
+def _from_torch_checkpoint(w: Any) -> Any:
+    """A weight from a checkpoint saved by torch (a tensor of torch's qint8 dtype) as our
+    QTensor, so torch state dicts load; anything else is returned as is."""
+    if isinstance(w, QTensor) or not isinstance(w, torch.Tensor) or not w.is_quantized:
+        return w
+    if "per_channel" in str(w.qscheme()):
+        return QTensor.from_int(w.int_repr(), w.q_per_channel_scales().double(),
+                                w.q_per_channel_zero_points().long(), w.dtype,
+                                w.q_per_channel_axis())
+    return QTensor.from_int(w.int_repr(), w.q_scale(), w.q_zero_point(), w.dtype)
+
+
 class _ConvNd(OutputQParams, nn.Module):
     """Shared body.  Subclasses set ``_SPATIAL`` (1, 2, 3), ``_TRANSPOSED``, ``_NAME`` and
     ``_FLOAT_MODULE`` (the float type ``from_float`` accepts); fused ones ``_POST_OP`` (one
@@ -267,7 +279,7 @@ class _ConvNd(OutputQParams, nn.Module):
                 missing_keys.append(key)
         values = {name: state_dict.pop(key) for name, key in keys.items() if present[name]}
         if "weight" in values:
-            w = values["weight"]
+            w = _from_torch_checkpoint(values["weight"])
             b = values.get("bias", self.bias())
             if not isinstance(w, QTensor):
                 error_msgs.append(f"{keys['weight']}: expected a qint8 QTensor, got "

@@ -34,7 +34,7 @@ from ....qtensor import QTensor
 from ....tensor_functions import quantize_per_channel
 from ... import _workflow
 from ...qat.modules.embedding_ops import Embedding as QATEmbedding
-from .utils import quantize_weight
+from .utils import NotScriptable, quantize_weight
 
 __all__ = ["EmbeddingPackedParams", "Embedding", "EmbeddingBag"]
 
@@ -58,7 +58,7 @@ def _zero_table(num_embeddings: int, embedding_dim: int, qdtype: _dt.QDType) -> 
                             axis=0)
 
 
-class EmbeddingPackedParams(nn.Module):
+class EmbeddingPackedParams(NotScriptable, nn.Module):
     """The quantized table plus its lookup-ready form; serialized under ``dtype`` and
     ``_packed_weight`` (our QTensor) like torch's."""
 
@@ -189,7 +189,7 @@ def _weight_observer(cls: type, mod: nn.Module, float_type: type, qat_type: Opti
     return observer, qdtype
 
 
-class Embedding(nn.Module):
+class Embedding(NotScriptable, nn.Module):
     """Lookups in a row-quantized table; ``forward(indices)`` returns float32 rows of shape
     ``indices.shape + (embedding_dim,)``."""
 

@@ -17,7 +17,8 @@ from ....ops import linear as ops_linear
 from ....qtensor import QTensor
 from ...._validation import require_quantized
 from ...intrinsic.modules import fused as _fused
-from .utils import OutputQParams, observed_output_qparams, quantize_weight, weight_observer_of
+from .utils import (NotScriptable, OutputQParams, observed_output_qparams, quantize_weight,
+                    weight_observer_of)
 
 __all__ = ["LinearPackedParams", "Linear"]
 
@@ -29,7 +30,7 @@ def _weight_dtype(dtype: Any) -> Any:
     return _dt.to_qdtype(dtype)
 
 
-class LinearPackedParams(torch.nn.Module):
+class LinearPackedParams(NotScriptable, torch.nn.Module):
     """A Linear's weight and bias, prepacked for the int8 kernels (or kept as float16)."""
 
     _version = 3

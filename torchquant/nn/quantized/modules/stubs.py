@@ -7,7 +7,7 @@ import torch
 
 from .... import dtypes as _dt
 from ....tensor_functions import dequantize, quantize_per_tensor
-from .utils import OutputQParams
+from .utils import NotScriptable, OutputQParams
 
 __all__ = ["Quantize", "DeQuantize"]
 
@@ -56,7 +56,7 @@ class Quantize(OutputQParams, torch.nn.Module):
                         mod.activation_post_process.dtype)
 
 
-class DeQuantize(torch.nn.Module):
+class DeQuantize(NotScriptable, torch.nn.Module):
     """Dequantizes a QTensor (or a list of them) to float32."""
 
     def forward(self, Xq: Any) -> Any:

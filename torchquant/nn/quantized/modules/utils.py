@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from .... import dtypes as _dt
-from ....qtensor import QTensor
+from ....qtensor import QTensor, torchscript_unsupported
 from ....tensor_functions import quantize_per_channel, quantize_per_tensor
 
 __all__ = ["quantize_weight", "observed_output_qparams", "weight_observer_of", "OutputQParams",
@@ -126,7 +126,16 @@ def as_output_zero_point(value: Any, qdtypes: Sequence[_dt.QDType],
     return v
 
 
-class OutputQParams:
+class NotScriptable:
+    """Mixin: ``torch.jit.script`` refuses the module with a clear error (it calls
+    ``__prepare_scriptable__`` on every submodule first) instead of compiling a forward that
+    would run TorchScript on QTensors."""
+
+    def __prepare_scriptable__(self) -> Any:
+        raise torchscript_unsupported(f"torch.jit.script ({type(self).__name__})")
+
+
+class OutputQParams(NotScriptable):
     """Mixin of the quantized modules with output qparams (``scale`` / ``zero_point``).
 
     They are what torch's module of the same name holds, in one of three storages

@@ -35,6 +35,7 @@ from .....ops import linear as ops_linear
 from .....ops import linear_fp16 as ops_linear_fp16
 from .....ops import rnn as ops_rnn
 from .....qtensor import QTensor
+from ...modules.utils import NotScriptable
 from .linear import (dynamic_weight_observer, quantize_dynamic_weight, to_float16_weight,
                      weight_dtype_of)
 
@@ -229,7 +230,7 @@ class _CellParams:
         return (_CellParams, (self.ih, self.hh))
 
 
-class PackedParameter(nn.Module):
+class PackedParameter(NotScriptable, nn.Module):
     """Holds one layer x direction's packed weights; saved as ``param`` = ``(w_ih, w_hh,
     b_ih, b_hh)``."""
 
@@ -270,7 +271,7 @@ class PackedParameter(nn.Module):
         return "PackedParameter()"
 
 
-class RNNBase(nn.Module):
+class RNNBase(NotScriptable, nn.Module):
     """Multi-layer dynamic quantized LSTM / GRU (``mode``), nn.LSTM's forward contract:
     ``(seq, batch, feature)`` or ``batch_first``, a ``PackedSequence``, ``hx`` optional."""
 
@@ -547,7 +548,7 @@ class GRU(RNNBase):
 # Cells
 # --------------------------------------------------------------------------------------------
 
-class RNNCellBase(nn.Module):
+class RNNCellBase(NotScriptable, nn.Module):
     """One step of an RNN / LSTM / GRU cell with dynamic quantized gate matmuls."""
 
     reduce_range: bool = True  # as torch's cell ops on x86 / fbgemm (measured: bit-equal)
