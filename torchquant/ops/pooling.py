@@ -678,7 +678,9 @@ GRID_PADDING_MODES = ("zeros", "border", "reflection")
 
 
 def _clip_coordinates(coord: torch.Tensor, size: int) -> torch.Tensor:
-    return torch.clamp_max(torch.clamp_min(coord, 0.0), float(size - 1))
+    """``min(size - 1, max(coord, 0))`` with C++'s std::min / std::max: NaN becomes size - 1."""
+    coord = torch.where(coord < 0, torch.zeros_like(coord), coord)
+    return torch.where(coord < size - 1, coord, torch.full_like(coord, float(size - 1)))
 
 
 def _reflect_coordinates(coord: torch.Tensor, twice_low: int, twice_high: int) -> torch.Tensor:
@@ -707,9 +709,7 @@ def _grid_source_index(coord: torch.Tensor, size: int, padding_mode: str,
         else:
             coord = _reflect_coordinates(coord, -1, 2 * size - 1)
         coord = _clip_coordinates(coord, size)
-    # non-finite or huge coordinates: a sentinel outside every image (as torch)
-    bad = ~torch.isfinite(coord) | (coord > 2147483646.0) | (coord < -2147483648.0)
-    return torch.where(bad, torch.full_like(coord, -100.0), coord)
+    return coord
 
 
 def _grid_sample_bilinear(values: torch.Tensor, zero_point: int, grid: torch.Tensor,
