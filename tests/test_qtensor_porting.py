@@ -296,3 +296,30 @@ def test_eager_workflow_with_repeat_matches_torch():
         lib.convert(model, inplace=True)
         results.append(model(data[0]))
     assert torch.equal(results[0], results[1])
+
+
+class _RepeatNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.norm = nn.LayerNorm([8, 5, 5])
+
+    def forward(self, x):
+        return self.norm(self.conv(x).repeat(1, 2, 1, 1))
+
+
+def test_fx_convert_of_a_normalization_model_with_repeat_matches_torch():
+    """convert_fx keeps ``repeat`` between quantized ops (a general shape op): it runs on the
+    QTensor, as on torch's quantized tensor."""
+    from torch.ao.quantization import quantize_fx as ao_fx
+    from torchquant.quantization import quantize_fx as tq_fx
+    torch.manual_seed(0)
+    ours, theirs = _RepeatNorm().eval(), _RepeatNorm().eval()
+    theirs.load_state_dict(ours.state_dict())
+    x = _x(2, 3, 5, 5)
+    results = []
+    for lib, fx, model in ((tqq, tq_fx, ours), (taq, ao_fx, theirs)):
+        prepared = fx.prepare_fx(model, lib.get_default_qconfig_mapping("fbgemm"), (x,))
+        prepared(x)
+        results.append(fx.convert_fx(prepared)(x))
+    assert torch.equal(results[0], results[1])
