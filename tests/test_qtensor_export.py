@@ -20,6 +20,7 @@ from torchquant.nn.quantized.modules import activation as tq_activation
 pytestmark = pytest.mark.filterwarnings("ignore:`nn.functional.upsample` is deprecated")
 
 SCALE, ZERO_POINT = 0.05, 128
+_MASK = torch.rand(2, 3, 6, 8, generator=torch.Generator().manual_seed(3)) > 0.5
 
 
 def _quant(x, qdtype=tq.quint8):
@@ -82,6 +83,12 @@ CASES = {
     "Tensor.to": (lambda t: t.to("cpu"), None, True),
     "torch.flatten": (lambda t: torch.flatten(t, 1), None, True),
     "Tensor.as_strided": (lambda t: t.as_strided((2, 3), (1, 2)), None, True),
+    "Tensor.repeat": (lambda t: t.repeat(1, 2, 1, 3), None, True),
+    "torch.index_select": (lambda t: torch.index_select(t, 3, torch.tensor([5, 0, 2])), None,
+                           True),
+    "Tensor.index_select": (lambda t: t.index_select(1, torch.tensor([2, 2, 0])), None, True),
+    "Tensor.masked_fill": (lambda t: t.masked_fill(t.int_repr() % 3 == 0, 0.3), None, True),
+    "torch.masked_fill": (lambda t: torch.masked_fill(t, _MASK, -0.125), None, True),
     # torchquant's functional forms and modules (torch's take its quantized tensors)
     "tqF.hardswish": (lambda t: tqF.hardswish(t, 0.04, 100), "hardswish", False),
     "tqF.elu": (lambda t: tqF.elu(t, 0.04, 100, 0.5), "elu", False),
@@ -251,3 +258,37 @@ def test_functions_leave_other_calls_to_the_default_path():
     with pytest.raises(NotImplementedError, match="per-tensor"):
         F.leaky_relu(per_channel)
     assert q.to("cpu") is q and q.to(torch.uint8) is q
+
+
+# quint8 only in torch: channel_shuffle and grid_sample (bilinear, torch's integer interpolation)
+_GRID = torch.rand(2, 5, 7, 2, generator=torch.Generator().manual_seed(4)) * 2.4 - 1.2
+QUINT8_CASES = {
+    "torch.channel_shuffle": (lambda t: torch.channel_shuffle(t.repeat(1, 2, 1, 1), 3), None),
+    "nn.ChannelShuffle": (nn.ChannelShuffle(3), None),
+    "F.grid_sample": (lambda t: F.grid_sample(t, _GRID, align_corners=False),
+                      "grid_sample_bilinear2d"),
+    "F.grid_sample border": (
+        lambda t: F.grid_sample(t, _GRID, padding_mode="border", align_corners=True),
+        "grid_sample_bilinear2d"),
+}
+
+
+@pytest.mark.parametrize("name", list(QUINT8_CASES))
+def test_quint8_only_functions_export_compile_and_match_torch(name):
+    fn, op = QUINT8_CASES[name]
+    x = _input()
+    got = fn(_quant(x))
+    want = fn(torch.quantize_per_tensor(x, SCALE, ZERO_POINT, torch.quint8))
+    assert got.q_zero_point() == want.q_zero_point()
+    assert torch.equal(got.int_repr(), want.int_repr())
+    model = OneFunction(fn)
+    expected = model(x)
+    exported = torch.export.export(model, (x,))
+    if op is not None:
+        assert op in _graph_ops(exported.graph_module)
+    with torch.no_grad():
+        assert torch.equal(exported.module()(x), expected)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        assert torch.equal(compiled(x), expected)

@@ -23,7 +23,9 @@ import torch
 
 import torch.nn.functional as F
 
+from . import dtypes as _dt
 from .ops import pooling
+from .ops import quantize as ops_quantize
 from .qtensor import _OPS, QTensor, _implements, _implements_function, _refresh_metadata
 from . import _qtensor_pointwise as _pointwise
 from ._validation import require_per_tensor
@@ -402,3 +404,146 @@ def _as_strided_(func, q, size, stride, storage_offset=None):
     q.int_data.as_strided_(size, stride, storage_offset)
     _refresh_metadata(q)
     return q
+
+
+# ---- indexing, filling and layout ops torch supports on per-tensor quantized tensors ------------
+# They act on the integers; a float value written into a QTensor is first quantized with its
+# qparams (as torch's quantize_per_tensor rounds).  torch's quantized kernels take per-tensor
+# input only (RuntimeError otherwise); so do these.
+
+def _per_tensor_only(q: QTensor, what: str) -> QTensor:
+    if q.axis is not None:
+        raise RuntimeError(f"{what}: only per-tensor quantized tensors are supported (as torch); "
+                           f"got a {q.qscheme()!r} tensor")
+    if q.qdtype.is_sub_byte:
+        raise NotImplementedError(f"{what} does not support {q.qdtype!r} tensors")
+    return q
+
+
+def _quantized_value(q: QTensor, value: Any, what: str) -> torch.Tensor:
+    """``value`` (a number or float tensor) quantized with q's per-tensor qparams."""
+    if isinstance(value, QTensor):
+        raise RuntimeError(f"{what}: the value for a quantized tensor must not be quantized "
+                           "(as torch); pass float values")
+    if not isinstance(value, torch.Tensor):
+        value = torch.full((), float(value), dtype=torch.float32, device=q.device)
+    elif value.dtype != torch.float32:
+        value = value.to(torch.float32)
+    return ops_quantize.quantize_per_tensor(value, *q._scale_zp(), q.qdtype)
+
+
+@_implements(aten.repeat.default)
+def _repeat(func, q, repeats):
+    _per_tensor_only(q, "repeat")
+    return q._with(q._values().repeat(repeats))
+
+
+@_implements(aten.index_select.default)
+def _index_select(func, q, dim, index):
+    _per_tensor_only(q, "index_select")
+    return q._with(torch.index_select(q._values(), dim, index))
+
+
+@_implements(aten.index_put_.default, aten.index_put.default)
+def _index_put(func, q, indices, values, accumulate=False):
+    _per_tensor_only(q, "index_put")
+    if accumulate:
+        raise RuntimeError("index_put for quantized tensors supports accumulate=False only "
+                           "(as torch)")
+    ints = _quantized_value(q, values, "index_put")
+    if func is aten.index_put_.default:
+        q.int_data.index_put_(indices, ints)
+        return q
+    return q._with(q.int_data.index_put(indices, ints))
+
+
+@_implements(aten.masked_fill_.Scalar, aten.masked_fill_.Tensor, aten.masked_fill.Scalar,
+             aten.masked_fill.Tensor)
+def _masked_fill(func, q, mask, value):
+    _per_tensor_only(q, "masked_fill")
+    if isinstance(value, torch.Tensor) and value.dim() != 0:
+        raise RuntimeError(f"masked_fill_ only supports a 0-dimensional value tensor, but got "
+                           f"tensor with {value.dim()} dimension(s).")
+    ints = _quantized_value(q, value, "masked_fill")  # 0-d: masked_fill's Tensor overload
+    if func.overloadpacket is aten.masked_fill_:
+        q.int_data.masked_fill_(mask, ints)
+        return q
+    return q._with(q.int_data.masked_fill(mask, ints))
+
+
+def _masked_fill_function(input, mask, value):
+    """``masked_fill`` taken at the torch-function level too (export's and dynamo's tracers
+    would not dispatch it to a QTensor built in the graph)."""
+    if not isinstance(input, QTensor) or isinstance(mask, QTensor):
+        return NotImplemented
+    return _masked_fill(aten.masked_fill.Scalar, input, mask, value)
+
+
+_implements_function(torch.masked_fill, torch.Tensor.masked_fill)(_masked_fill_function)
+
+
+@_implements(aten.fill_.Scalar, aten.fill_.Tensor)
+def _fill_(func, q, value):
+    if isinstance(value, torch.Tensor) and value.dim() != 0:
+        raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor with "
+                           f"{value.dim()} dimensions.")
+    if isinstance(value, QTensor):
+        value = value.dequantize()
+    source = torch.as_tensor(value, dtype=torch.float32, device=q.device).expand(q.shape)
+    return _OPS[aten.copy_.default](aten.copy_.default, q, source)
+
+
+@_implements(aten._local_scalar_dense.default)
+def _item(func, q):
+    """``q.item()``: the real value of a one-element QTensor, as torch."""
+    return q.dequantize().item()
+
+
+@_implements(aten.channel_shuffle.default)
+def _channel_shuffle(func, q, groups):
+    _per_tensor_only(q, "channel_shuffle")
+    if q.dim() != 4:
+        raise RuntimeError(f"channel_shuffle expects 4D input, but got input with sizes "
+                           f"{list(q.shape)}")
+    if q.qdtype is not _dt.quint8:
+        raise RuntimeError(f"quantized channel_shuffle works on quint8 only (as torch), got "
+                           f"{q.qdtype!r}")
+    return q._with(torch.native_channel_shuffle(q._values(), groups))
+
+
+_GRID_MODES = {"bilinear": 0, "nearest": 1, "bicubic": 2}
+
+
+def _grid_sample_q(q: QTensor, grid: torch.Tensor, mode: int, padding_mode: str,
+                   align_corners: bool) -> QTensor:
+    _per_tensor_only(q, "grid_sample")
+    if q.qdtype is not _dt.quint8:
+        raise NotImplementedError(f"grid_sample is implemented for quint8 QTensors only (as "
+                                  f"torch), got {q.qdtype!r}")
+    if mode != 0:
+        raise RuntimeError("grid_sample of a quantized tensor: only bilinear interpolation "
+                           "is supported (as torch)")
+    if q.dim() != 4 or grid.dim() != 4 or grid.shape[-1] != 2 or grid.shape[0] != q.shape[0]:
+        raise RuntimeError(f"grid_sample: expected 4-D input (N, C, H, W) and grid "
+                           f"(N, H_out, W_out, 2) with the same N, got {tuple(q.shape)} and "
+                           f"{tuple(grid.shape)}")
+    if isinstance(grid, QTensor) or grid.dtype != torch.float32:
+        raise RuntimeError(f"grid_sample of a quantized tensor needs a float32 grid, got "
+                           f"{grid.dtype}")
+    return q._with(pooling.grid_sample_bilinear(q._values(), q._scale_zp()[1], grid,
+                                                padding_mode, bool(align_corners)))
+
+
+@_implements(aten.grid_sampler_2d.default)
+def _grid_sampler_2d(func, q, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample_q(q, grid, interpolation_mode,
+                          pooling.GRID_PADDING_MODES[padding_mode], align_corners)
+
+
+@_implements_function(F.grid_sample)
+def _grid_sample_function(input, grid, mode="bilinear", padding_mode="zeros",
+                          align_corners=None):
+    if _unless_quantized(input) or mode not in _GRID_MODES \
+            or padding_mode not in pooling.GRID_PADDING_MODES:
+        return NotImplemented  # the default path validates (and refuses) the arguments
+    return _grid_sample_q(input, grid, _GRID_MODES[mode], padding_mode, bool(align_corners))

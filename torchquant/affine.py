@@ -378,10 +378,18 @@ def dequantize_formula(q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor,
 
 def fake_quantize_formula(x: torch.Tensor, inv: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor,
                           qmin: int, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fake-quantized ``x``, mask of the unclamped elements): torch's ``round_add`` rule."""
-    q = torch.round(x * inv) + zp
+    """(fake-quantized ``x``, mask of the unclamped elements): torch's ``round_add`` rule.
+
+    As torch's CPU kernels compute it for every input dtype (measured bit for bit): ``x * inv``,
+    its rounding and the mask in float32 -- float16 / bfloat16 inputs widened first -- or in
+    float64 for float64 input; the product ``(clamped q - zp) * scale`` in ``scale``'s dtype
+    (float32, except per channel for float64 input, where torch multiplies in double), then
+    cast to ``x``'s dtype."""
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    zp_wide = zp.to(wide)
+    q = torch.round(x.to(wide) * inv.to(wide)) + zp_wide
     mask = (q >= qmin) & (q <= qmax)
-    out = (torch.clamp(q, qmin, qmax) - zp) * scale
+    out = (torch.clamp(q, qmin, qmax) - zp_wide).to(scale.dtype) * scale
     return out.to(x.dtype), mask
 
 
@@ -581,7 +589,9 @@ def _fake_quantize_float_qparams(x: torch.Tensor, inv: torch.Tensor, scale: torc
     """Float zero points (embeddings), measured against torch's per-channel kernel:
     ``q = nearbyint(fma(x, inv, zp))`` and ``out = float32(double(clamp(q) - zp) * scale)`` --
     the subtraction is not exact in float32 when ``zp`` is fractional."""
-    q = torch.round(torch.addcmul(zp, x, inv))
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    # torch rounds with lrintf: a float64 sum is narrowed to float32 first
+    q = torch.round(torch.addcmul(zp.to(wide), x.to(wide), inv.to(wide)).to(torch.float32))
     mask = (q >= qmin) & (q <= qmax)
     out = (torch.clamp(q, qmin, qmax).double() - zp.double()) * scale.double()
     return out.to(x.dtype), mask
@@ -594,7 +604,10 @@ def fake_quantize_with_mask(x: torch.Tensor, scale: torch.Tensor, zero_point: to
     """(fake-quantized ``x``, mask where it was not clamped), no autograd.  ``kernel`` runs the
     integer-zero-point case (:func:`fake_quantize_formula` or a compiled form of it)."""
     inv = _broadcast(inv_scale_f32(scale), x.dim(), axis)
-    sc = _broadcast(scale.to(torch.float32), x.dim(), axis)
+    # torch's per-channel kernel multiplies by the scale in double (visible for float64 input)
+    wide = axis is not None and x.dtype == torch.float64
+    sc = _broadcast(scale.to(torch.float32).to(torch.float64 if wide else torch.float32),
+                    x.dim(), axis)
     if zero_point.dtype.is_floating_point:
         zp = _broadcast(zero_point.to(torch.float32), x.dim(), axis)
         return _fake_quantize_float_qparams(x, inv, sc, zp, qmin, qmax)

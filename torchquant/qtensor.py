@@ -185,9 +185,12 @@ class QTensor(torch.Tensor):
     def is_quantized(self) -> bool:  # type: ignore[override]
         """True for users.  torch's own internals (fake-tensor conversion for torch.compile and
         export, serialization) read ``is_quantized`` to mean "has a torch quantized dtype", which a
-        QTensor never has, so callers inside the ``torch`` package see False."""
+        QTensor never has, so callers inside the ``torch`` package see False -- except
+        ``torch.testing``, whose comparisons then compare dequantized values and qschemes, as
+        for torch's quantized tensors."""
         caller = sys._getframe(1).f_globals.get("__name__", "")
-        return not (caller == "torch" or caller.startswith("torch."))
+        return not (caller == "torch" or caller.startswith("torch.")) \
+            or caller.startswith("torch.testing")
 
     def qscheme(self) -> QScheme:  # type: ignore[override]
         if self.axis is None:
@@ -289,7 +292,7 @@ class QTensor(torch.Tensor):
         meta = f"size={tuple(self.shape)}, dtype={self.qdtype!r}, qscheme={self.qscheme()!r}"
         if _is_symbolic(self.int_data):  # while torch.compile/export traces: no values to show
             return f"QTensor({meta})"
-        body = repr(self.dequantize())
+        body = repr(self.dequantize()) if self.numel() else "tensor([])"  # size is in meta
         body = body[len("tensor("):-1] if body.startswith("tensor(") else body
         if self.axis is None:
             q = f"scale={self.q_scale()}, zero_point={self.q_zero_point()}"
@@ -394,6 +397,8 @@ _LAYOUT_FUNCTIONS = frozenset({
     torch.Tensor.detach, torch.detach,
     torch.Tensor.chunk, torch.chunk, torch.Tensor.split, torch.split, torch.Tensor.unbind,
     torch.unbind, torch.Tensor.t, torch.t, torch.Tensor.as_strided, torch.as_strided,
+    torch.Tensor.repeat, torch.Tensor.index_select, torch.index_select, torch.channel_shuffle,
+    torch.native_channel_shuffle,
 })
 
 
@@ -601,7 +606,8 @@ def _squeeze(func, q, dim=None):
         dims = [d % max(q.dim(), 1) for d in ([dim] if isinstance(dim, int) else dim)]
         dims = [d for d in dims if q.dim() and q.shape[d] == 1]
     if q.axis is not None and q.axis in dims:
-        dims.remove(q.axis)  # keep the channel dim (a 1-channel axis stays an axis)
+        raise RuntimeError(f"cannot squeeze the channel dimension {q.axis} of a per-channel "
+                           "QTensor (as torch): select its one channel instead")
     vals = q._values()
     for d in sorted(dims, reverse=True):
         vals = vals.squeeze(d)
@@ -690,6 +696,11 @@ def _copy_(func, dst, src, non_blocking=False):
         return dst
     if not src.dtype.is_floating_point:
         raise TypeError(f"QTensor.copy_ needs a float or quantized source, got {src.dtype}")
+    if dst.axis is not None and not (dst.is_contiguous()
+                                     or dst.is_contiguous(memory_format=torch.channels_last)):
+        # torch refuses to quantize into a strided per-channel view (a slice across channels)
+        raise RuntimeError("Quantized copy only works with contiguous and NHWC Tensors: cannot "
+                           "write float values into a non-contiguous per-channel QTensor view")
     vals = ops_quantize.quantize_int(src.expand(dst.shape), dst.scale, dst.zero_point,
                                      dst.qdtype.qmin, dst.qdtype.qmax, dst.qdtype.storage_dtype,
                                      dst.axis,

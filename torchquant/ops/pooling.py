@@ -35,6 +35,7 @@ from .. import dtypes as _dt
 from ._library import traced
 
 __all__ = ["max_pool", "avg_pool", "adaptive_avg_pool", "mean_inner_dims", "upsample_nearest",
+           "grid_sample_bilinear",
            "upsample_bilinear"]
 
 IntOrTuple = Union[int, Sequence[int]]
@@ -666,3 +667,94 @@ def upsample_bilinear(values: torch.Tensor, zero_point: int, qdtype: _dt.QDType,
             values, zero_point, qdtype.name, list(output_size), align_corners,
             *(None if s is None else float(s) for s in scales))
     return _upsample_bilinear(values, zero_point, qdtype, output_size, align_corners, scales)
+
+
+# ---- grid sampling ------------------------------------------------------------------------------
+# torch's quantized grid sampler (quint8, bilinear only) interpolates the raw integers: the four
+# corner weights in float32, out-of-bounds corners read as the zero point, the four products
+# summed in float32 in the order nw, ne, sw, se and rounded half to even (measured).
+
+GRID_PADDING_MODES = ("zeros", "border", "reflection")
+
+
+def _clip_coordinates(coord: torch.Tensor, size: int) -> torch.Tensor:
+    """``min(size - 1, max(coord, 0))`` with C++'s std::min / std::max: NaN becomes size - 1."""
+    coord = torch.where(coord < 0, torch.zeros_like(coord), coord)
+    return torch.where(coord < size - 1, coord, torch.full_like(coord, float(size - 1)))
+
+
+def _reflect_coordinates(coord: torch.Tensor, twice_low: int, twice_high: int) -> torch.Tensor:
+    """Reflect into [twice_low / 2, twice_high / 2] (float32, as torch's helper)."""
+    if twice_low == twice_high:
+        return torch.zeros_like(coord)
+    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    coord = (coord - low).abs()
+    extra = torch.fmod(coord, span)
+    flips = torch.floor(coord / span)
+    return torch.where(torch.remainder(flips, 2) == 0, extra + low, span - extra + low)
+
+
+def _grid_source_index(coord: torch.Tensor, size: int, padding_mode: str,
+                       align_corners: bool) -> torch.Tensor:
+    """Pixel coordinate of a normalized grid coordinate, in float32, padding applied."""
+    if align_corners:
+        coord = ((coord + 1) / 2) * (size - 1)
+    else:
+        coord = ((coord + 1) * size - 1) / 2
+    if padding_mode == "border":
+        coord = _clip_coordinates(coord, size)
+    elif padding_mode == "reflection":
+        if align_corners:
+            coord = _reflect_coordinates(coord, 0, 2 * (size - 1))
+        else:
+            coord = _reflect_coordinates(coord, -1, 2 * size - 1)
+        coord = _clip_coordinates(coord, size)
+    return coord
+
+
+def _grid_sample_bilinear(values: torch.Tensor, zero_point: int, grid: torch.Tensor,
+                          padding_mode: str, align_corners: bool) -> torch.Tensor:
+    n, c, height, width = values.shape
+    out_h, out_w = grid.shape[1], grid.shape[2]
+    grid = grid.to(torch.float32)
+    ix = _grid_source_index(grid[..., 0], width, padding_mode, align_corners)
+    iy = _grid_source_index(grid[..., 1], height, padding_mode, align_corners)
+    ix_w, iy_n = torch.floor(ix), torch.floor(iy)  # the north-west corner
+    ix_e, iy_s = ix_w + 1, iy_n + 1
+    weights = ((ix_e - ix) * (iy_s - iy), (ix - ix_w) * (iy_s - iy),  # nw, ne
+               (ix_e - ix) * (iy - iy_n), (ix - ix_w) * (iy - iy_n))  # sw, se
+    flat = values.reshape(n, c, height * width)
+    res = torch.zeros((n, c, out_h * out_w), dtype=torch.float32, device=values.device)
+    for (cx, cy), weight in zip(((ix_w, iy_n), (ix_e, iy_n), (ix_w, iy_s), (ix_e, iy_s)), weights):
+        inside = (cx >= 0) & (cx < width) & (cy >= 0) & (cy < height)
+        index = torch.where(inside, cy * width + cx, torch.zeros_like(cx)).to(torch.int64)
+        corner = torch.gather(flat, 2, index.reshape(n, 1, -1).expand(n, c, -1))
+        corner = torch.where(inside.reshape(n, 1, -1), corner.to(torch.float32),
+                             torch.tensor(float(zero_point), device=values.device))
+        res = res + corner * weight.reshape(n, 1, -1)
+    return torch.round(res).to(values.dtype).reshape(n, c, out_h, out_w)
+
+
+@torch.library.custom_op("torchquant::grid_sample_bilinear2d", mutates_args=())
+def _grid_sample_bilinear2d_op(values: torch.Tensor, zero_point: int, grid: torch.Tensor,
+                               padding_mode: str, align_corners: bool) -> torch.Tensor:
+    return _grid_sample_bilinear(values, zero_point, grid, padding_mode, align_corners)
+
+
+@_grid_sample_bilinear2d_op.register_fake
+def _(values, zero_point, grid, padding_mode, align_corners):
+    return values.new_empty((values.shape[0], values.shape[1], grid.shape[1], grid.shape[2]))
+
+
+def grid_sample_bilinear(values: torch.Tensor, zero_point: int, grid: torch.Tensor,
+                         padding_mode: str = "zeros", align_corners: bool = False
+                         ) -> torch.Tensor:
+    """Bilinear grid sampling of 4-D uint8 integers (N, C, H, W) at ``grid`` (N, Ho, Wo, 2),
+    normalized x, y in [-1, 1]; ``padding_mode`` one of :data:`GRID_PADDING_MODES`."""
+    if padding_mode not in GRID_PADDING_MODES:
+        raise ValueError(f"grid_sample: padding_mode must be one of {GRID_PADDING_MODES}, "
+                         f"got {padding_mode!r}")
+    if traced(values, grid):
+        return torch.ops.torchquant.grid_sample_bilinear2d(values, zero_point, grid,
+                                                          padding_mode, align_corners)
+    return _grid_sample_bilinear(values, zero_point, grid, padding_mode, align_corners)
