@@ -89,9 +89,12 @@ DEFAULT_DYNAMIC_QUANT_MODULE_MAPPINGS: dict = {
     _ndql: nnqd.Linear, nn.LSTM: nnqd.LSTM, nn.GRU: nnqd.GRU, nn.LSTMCell: nnqd.LSTMCell,
     nn.RNNCell: nnqd.RNNCell, nni.LinearReLU: nniqd.LinearReLU,
     nn.EmbeddingBag: nnq.EmbeddingBag, nn.Embedding: nnq.Embedding,
-    # As torch, the dynamic convs (nnqd.Conv1d/2d/3d, nnqd.ConvTranspose1d/2d/3d) are left out
-    # of the default: their output is requantized to the input's qparams (poor accuracy).
-    # Pass them in ``mapping`` to quantize_dynamic / convert, e.g. {nn.Conv2d: nnqd.Conv2d}.
+    # [TQ] torch 2.13 has the dynamic convs commented out here, so quantize_dynamic(model,
+    # {nn.Conv2d}) leaves the convs float; here a conv the user names is quantized.  The
+    # default qconfig_spec of quantize_dynamic holds no conv, so nothing changes unless asked.
+    nn.Conv1d: nnqd.Conv1d, nn.Conv2d: nnqd.Conv2d, nn.Conv3d: nnqd.Conv3d,
+    nn.ConvTranspose1d: nnqd.ConvTranspose1d, nn.ConvTranspose2d: nnqd.ConvTranspose2d,
+    nn.ConvTranspose3d: nnqd.ConvTranspose3d,
 }
 DEFAULT_MODULE_TO_ACT_POST_PROCESS: dict = {
     nn.Hardsigmoid: fq.default_fixed_qparams_range_0to1_fake_quant,
