@@ -15,11 +15,12 @@ from typing import Any
 
 from torch.fx import GraphModule
 
+from . import _pt2e_summary
 from . import distributed as _distributed
-
 from .pt2e import convert as _convert
 from .pt2e import prepare as _prepare
 from .pt2e import qat as _qat
+from .pt2e import reference_representation as _reference
 from .pt2e.utils import (disallow_train_eval, fold_bn_into_weighted_ops, is_observer_node,
                          set_graph_train_mode)
 from .quantizer.quantizer import Q_ANNOTATION_KEY, Quantizer
@@ -49,6 +50,14 @@ def _warn_if_nothing_annotated(model: GraphModule, fn: str) -> None:
                       f"(ops in the graph: {', '.join(ops) or 'none'})", UserWarning, stacklevel=3)
 
 
+def _warn_annotated_but_float(model: GraphModule, fn: str, what: str) -> None:
+    missing = _pt2e_summary.annotated_but_float(model, prepared=fn != "convert_pt2e")
+    if missing:
+        warnings.warn(f"{fn}: the quantizer annotated these ops for quantization but {what} "
+                      f"around them, so they stay float: {', '.join(missing)}", UserWarning,
+                      stacklevel=3)
+
+
 def _prepare_common(model: GraphModule, quantizer: Quantizer, is_qat: bool,
                     fn: str) -> GraphModule:
     original_meta = dict(model.meta)
@@ -63,6 +72,7 @@ def _prepare_common(model: GraphModule, quantizer: Quantizer, is_qat: bool,
     model = _prepare.prepare(model, is_qat=is_qat,
                              obs_or_fq_callback=quantizer.prepare_obs_or_fq_callback)
     model.meta.update(original_meta)
+    _warn_annotated_but_float(model, fn, "no observer was inserted")
     setattr(model, _PREPARED_FLAG, True)
     return disallow_train_eval(model)
 
@@ -94,7 +104,9 @@ def convert_pt2e(model: GraphModule, use_reference_representation: bool = False,
                  fold_quantize: bool = True) -> GraphModule:
     """Replace each observer / fake quant of a prepared model by quantize -> dequantize ops
     (``torch.ops.torchquant``); with ``fold_quantize`` the quantized weights are stored as
-    integer tensors feeding a dequantize.  The result's dropout / batch_norm ops run in eval
+    integer tensors feeding a dequantize.  With ``use_reference_representation`` the int8
+    q/dq patterns are then rewritten into plain integer arithmetic (see
+    :mod:`torchquant.quantization.pt2e.reference_representation`).  The result's dropout / batch_norm ops run in eval
     mode."""
     if not isinstance(use_reference_representation, bool):
         raise ValueError("use_reference_representation must be a bool, got "
@@ -108,17 +120,17 @@ def convert_pt2e(model: GraphModule, use_reference_representation: bool = False,
     if not getattr(model, _PREPARED_FLAG, False) and not has_observers:
         raise ValueError("convert_pt2e: this model was not prepared (run prepare_pt2e or "
                          "prepare_qat_pt2e and calibrate / train it first)")
-    if use_reference_representation:
-        raise NotImplementedError("convert_pt2e(use_reference_representation=True) is not "
-                                  "implemented yet in torchquant; use the default q/dq form")
     original_meta = dict(model.meta)
     _qat.fold_conv_bn_after_qat(model)
     model = _convert.convert(model)
     _convert.duplicate_dequantize(model)
     if fold_quantize:
         _convert.fold_quantize_constants(model)
+    if use_reference_representation:
+        _reference.reference_representation_rewrite(model)
     model.graph.lint()
     model.recompile()
     set_graph_train_mode(model, False)  # a converted model runs in eval mode (as torchao's)
     model.meta.update(original_meta)
+    _warn_annotated_but_float(model, "convert_pt2e", "no quantize / dequantize was inserted")
     return model
