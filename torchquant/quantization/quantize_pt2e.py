@@ -10,6 +10,7 @@ integer tensors.  Semantics of torchao 0.18's ``torchao.quantization.pt2e.quanti
 """
 from __future__ import annotations
 
+import copy
 import warnings
 from typing import Any
 
@@ -58,8 +59,44 @@ def _warn_annotated_but_float(model: GraphModule, fn: str, what: str) -> None:
                       stacklevel=3)
 
 
+class _Snapshot:
+    """What prepare changes on the user's model (its graph, node metadata, and attributes),
+    so that a failing prepare can leave the model as it was."""
+
+    def __init__(self, model: GraphModule) -> None:
+        with warnings.catch_warnings():  # torch's pytree codegen deepcopy: FutureWarning
+            warnings.simplefilter("ignore", FutureWarning)
+            self.graph = copy.deepcopy(model.graph)  # node meta dicts copied, not shared
+        self.dicts = {name: dict(getattr(model, name)) for name in _MODULE_DICTS}
+        self.attrs = dict(model.__dict__)
+
+    def restore(self, model: GraphModule) -> None:
+        for name, saved in self.dicts.items():
+            current = getattr(model, name)
+            current.clear()
+            current.update(saved)
+        for key in [k for k in model.__dict__ if k not in self.attrs]:
+            del model.__dict__[key]
+        model.__dict__.update(self.attrs)
+        model.graph = self.graph
+        model.recompile()
+
+
+_MODULE_DICTS = ("_parameters", "_buffers", "_modules")
+
+
 def _prepare_common(model: GraphModule, quantizer: Quantizer, is_qat: bool,
                     fn: str) -> GraphModule:
+    snapshot = _Snapshot(model)
+    try:
+        return _prepare_steps(model, quantizer, is_qat, fn)
+    except Exception:
+        snapshot.restore(model)
+        raise
+
+
+def _prepare_steps(model: GraphModule, quantizer: Quantizer, is_qat: bool,
+                   fn: str) -> GraphModule:
     original_meta = dict(model.meta)
     if not is_qat:
         fold_bn_into_weighted_ops(model)

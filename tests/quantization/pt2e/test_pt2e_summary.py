@@ -114,8 +114,104 @@ def test_prepare_warns_when_annotated_op_gets_no_observer():
 def test_no_warning_on_a_fully_quantized_model():
     gm, inputs = _exported()
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error", UserWarning)
         gm = prepare_pt2e(gm, tq_xnn.XNNPACKQuantizer().set_global(
             tq_xnn.get_symmetric_quantization_config(is_dynamic=True)))
         gm(*inputs)
         convert_pt2e(gm)
+
+
+# --------------------------------------------------------------------------------------------
+# bad input: clear errors, the user's model unchanged
+# --------------------------------------------------------------------------------------------
+
+def _int8_spec():
+    return QuantizationSpec(dtype=torch.int8, quant_min=-128, quant_max=127,
+                            qscheme=torch.per_tensor_affine,
+                            observer_or_fake_quant_ctr=tq_obs.MinMaxObserver)
+
+
+def _shared_quantizer(target_fn):
+    from torchquant.quantization.quantizer import SharedQuantizationSpec
+
+    class Shared(Quantizer):
+        def annotate(self, gm):
+            for n in gm.graph.nodes:
+                if n.target is torch.ops.aten.linear.default:
+                    n.meta["quantization_annotation"] = QuantizationAnnotation(
+                        input_qspec_map={n.args[0]: _int8_spec()},
+                        output_qspec=SharedQuantizationSpec(target_fn(gm, n)), _annotated=True)
+            return gm
+
+        def validate(self, gm):
+            pass
+
+    return Shared()
+
+
+def _foreign_edge(gm, n):
+    other, _ = _exported()
+    linear = next(m for m in other.graph.nodes if m.target is torch.ops.aten.linear.default)
+    return (linear.args[0], linear)
+
+
+def _not_an_edge(gm, n):
+    x = next(m for m in gm.graph.nodes if m.op == "placeholder")
+    return (x, n)  # x feeds layer_norm, not the linear
+
+
+def _assert_unchanged(gm, code, inputs, expected):
+    assert gm.code == code
+    assert not any("quantization_annotation" in n.meta for n in gm.graph.nodes)
+    assert not any(name.startswith("activation_post_process") for name, _ in gm.named_modules())
+    assert torch.equal(gm(*inputs), expected)
+
+
+@pytest.mark.parametrize("target_fn,message", [
+    (_foreign_edge, "is not a node of the model's graph"),
+    (_not_an_edge, "not an edge of the graph"),
+], ids=["foreign_edge", "not_an_edge"])
+def test_shared_spec_pointing_outside_the_graph(target_fn, message):
+    gm, inputs = _exported()
+    code, expected = gm.code, gm(*inputs)
+    with pytest.raises(ValueError, match=message):
+        prepare_pt2e(gm, _shared_quantizer(target_fn))
+    _assert_unchanged(gm, code, inputs, expected)
+
+
+def test_composable_quantizer_conflict_leaves_model_unchanged():
+    from torchquant.quantization.quantizer import ComposableQuantizer
+
+    class Rewrites(Quantizer):
+        def annotate(self, gm):
+            for n in gm.graph.nodes:
+                if n.target is torch.ops.aten.linear.default:
+                    n.meta["quantization_annotation"] = QuantizationAnnotation(
+                        output_qspec=_int8_spec(), _annotated=True)
+            return gm
+
+        def validate(self, gm):
+            pass
+
+    gm, inputs = _exported()
+    code, expected = gm.code, gm(*inputs)
+    xnn = tq_xnn.XNNPACKQuantizer().set_global(tq_xnn.get_symmetric_quantization_config())
+    with pytest.raises(RuntimeError, match="Rewrites has changed annotations on node linear"):
+        prepare_pt2e(gm, ComposableQuantizer([xnn, Rewrites()]))
+    _assert_unchanged(gm, code, inputs, expected)
+
+
+def test_bad_spec_and_train_eval_errors():
+    with pytest.raises(ValueError, match="quant_min"):
+        QuantizationSpec(dtype=torch.int8, quant_min=10, quant_max=-10,
+                         observer_or_fake_quant_ctr=tq_obs.MinMaxObserver)
+    with pytest.raises(ValueError, match="ch_axis"):
+        QuantizationSpec(dtype=torch.int8, ch_axis=-1,
+                         observer_or_fake_quant_ctr=tq_obs.PerChannelMinMaxObserver)
+    gm, inputs = _exported()
+    prepared = prepare_pt2e(gm, tq_xnn.XNNPACKQuantizer().set_global(
+        tq_xnn.get_symmetric_quantization_config()))
+    with pytest.raises(NotImplementedError, match="move_exported_model_to_train"):
+        prepared.train()
+    with pytest.raises(NotImplementedError, match="move_exported_model_to_eval"):
+        prepared.eval()
