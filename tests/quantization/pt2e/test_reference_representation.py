@@ -157,3 +157,38 @@ def test_uint8_qdq_left_as_torchquant_ops():
     for batch in batches:
         # weights (int8, per channel) dequantize by reference arithmetic: same float32 values
         assert torch.equal(_outputs(qdq, batch)[0], _outputs(ours, batch)[0])
+
+
+def test_convolution_pattern():
+    """torchao's conv pattern is written for ``aten.convolution`` (torch.export now emits
+    ``aten.conv2d``, which neither library fuses): a graph with ``aten.convolution`` between
+    int8 per-tensor q/dq becomes an int32 convolution, within one output step of the q/dq form
+    (the integer requantize truncates where quantize rounds)."""
+    from torchquant.quantization.pt2e.reference_representation import (
+        reference_representation_rewrite)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1)).eval()
+    inputs = (torch.randn(2, 3, 9, 9),)
+    gm = prepare_pt2e(torch.export.export(model, inputs).module(),
+                      tq_xnn.XNNPACKQuantizer().set_global(
+                          tq_xnn.get_symmetric_quantization_config()))
+    gm(*inputs)
+    gm = convert_pt2e(gm)
+    for n in gm.graph.nodes:
+        if n.target == torch.ops.aten.conv2d.default:
+            defaults = (None, [1, 1], [0, 0], [1, 1], 1)
+            x, w, b, stride, padding, dilation, groups = (
+                tuple(n.args) + defaults[len(n.args) - 2:])
+            n.target = torch.ops.aten.convolution.default
+            n.args = (x, w, b, stride, padding, dilation, False, [0, 0], groups)
+    gm.recompile()
+    expected = gm(*inputs)
+    output_dq = gm.graph.output_node().args[0][0]  # the dequantize of the conv's output
+    assert "dequantize_per_tensor" in str(output_dq.target)
+    scale = float(output_dq.args[1])
+    reference_representation_rewrite(gm)
+    assert _int_linears(gm) == 1
+    assert not [t for t in _targets(gm) if t.startswith("torchquant.")]
+    out = gm(*inputs)
+    assert (out - expected).abs().max() <= scale * 1.001
