@@ -4,6 +4,7 @@ torchao's rewritten graph (both run the same float32 / int32 op sequence)."""
 from __future__ import annotations
 
 import copy
+import operator
 import warnings
 
 import pytest
@@ -192,3 +193,52 @@ def test_convolution_pattern():
     assert not [t for t in _targets(gm) if t.startswith("torchquant.")]
     out = gm(*inputs)
     assert (out - expected).abs().max() <= scale * 1.001
+
+
+def test_max_pool_pattern():
+    """torchao's max-pool pattern (``max_pool2d_with_indices`` -> getitem 0, which torch.export
+    no longer emits) between int8 per-tensor dq / q: an integer max pool; with the output
+    sharing the input's qparams it is exact."""
+    from torchquant.quantization import observer as tq_obs
+    from torchquant.quantization.pt2e.reference_representation import (
+        reference_representation_rewrite)
+    from torchquant.quantization.quantizer import (QuantizationAnnotation, QuantizationSpec,
+                                                   Quantizer, SharedQuantizationSpec)
+
+    act = QuantizationSpec(dtype=torch.int8, quant_min=-128, quant_max=127,
+                           qscheme=torch.per_tensor_affine,
+                           observer_or_fake_quant_ctr=tq_obs.MinMaxObserver)
+
+    class PoolQuantizer(Quantizer):
+        def annotate(self, gm):
+            for n in gm.graph.nodes:
+                if n.target == torch.ops.aten.max_pool2d.default:
+                    n.meta["quantization_annotation"] = QuantizationAnnotation(
+                        input_qspec_map={n.args[0]: act},
+                        output_qspec=SharedQuantizationSpec((n.args[0], n)), _annotated=True)
+            return gm
+
+        def validate(self, gm):
+            pass
+
+    torch.manual_seed(0)
+    inputs = (torch.randn(2, 3, 8, 8),)
+    gm = prepare_pt2e(torch.export.export(nn.MaxPool2d(2).eval(), inputs).module(),
+                      PoolQuantizer())
+    gm(*inputs)
+    gm = convert_pt2e(gm)
+    for n in list(gm.graph.nodes):
+        if n.target == torch.ops.aten.max_pool2d.default:
+            with gm.graph.inserting_before(n):
+                pooled = gm.graph.call_function(torch.ops.aten.max_pool2d_with_indices.default,
+                                                n.args)
+                first = gm.graph.call_function(operator.getitem, (pooled, 0))
+            n.replace_all_uses_with(first)
+            gm.graph.erase_node(n)
+    gm.recompile()
+    expected = gm(*inputs)
+    reference_representation_rewrite(gm)
+    assert not [t for t in _targets(gm) if t.startswith("torchquant.")]
+    pools = [n for n in gm.graph.nodes if n.target == torch.ops.aten.max_pool2d_with_indices.default]
+    assert len(pools) == 1 and pools[0].args[0].target == torch.ops.aten.sub.Tensor
+    assert torch.equal(gm(*inputs), expected)
