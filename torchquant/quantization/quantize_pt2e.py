@@ -48,15 +48,16 @@ def _warn_if_nothing_annotated(model: GraphModule, fn: str) -> None:
     if not any(is_valid_annotation(n.meta.get(Q_ANNOTATION_KEY)) for n in model.graph.nodes):
         ops = sorted({str(n.target) for n in model.graph.nodes if n.op == "call_function"})
         warnings.warn(f"{fn}: the quantizer annotated no node, so the model stays float "
-                      f"(ops in the graph: {', '.join(ops) or 'none'})", UserWarning, stacklevel=3)
+                      f"(ops in the graph: {', '.join(ops) or 'none'})", UserWarning, stacklevel=5)
 
 
-def _warn_annotated_but_float(model: GraphModule, fn: str, what: str) -> None:
+def _warn_annotated_but_float(model: GraphModule, fn: str, what: str,
+                              stacklevel: int = 3) -> None:
     missing = _pt2e_summary.annotated_but_float(model, prepared=fn != "convert_pt2e")
     if missing:
         warnings.warn(f"{fn}: the quantizer annotated these ops for quantization but {what} "
                       f"around them, so they stay float: {', '.join(missing)}", UserWarning,
-                      stacklevel=3)
+                      stacklevel=stacklevel)
 
 
 class _Snapshot:
@@ -109,7 +110,7 @@ def _prepare_steps(model: GraphModule, quantizer: Quantizer, is_qat: bool,
     model = _prepare.prepare(model, is_qat=is_qat,
                              obs_or_fq_callback=quantizer.prepare_obs_or_fq_callback)
     model.meta.update(original_meta)
-    _warn_annotated_but_float(model, fn, "no observer was inserted")
+    _warn_annotated_but_float(model, fn, "no observer was inserted", stacklevel=5)
     setattr(model, _PREPARED_FLAG, True)
     return disallow_train_eval(model)
 

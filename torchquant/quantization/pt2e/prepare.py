@@ -362,5 +362,5 @@ def prepare(model: GraphModule, is_qat: bool,
     if inserter.unobserved:
         warnings.warn("prepare_pt2e: annotated input edges got no observer and stay float "
                       "(the annotation names a node that is not a positional argument): "
-                      + ", ".join(inserter.unobserved), UserWarning, stacklevel=3)
+                      + ", ".join(inserter.unobserved), UserWarning, stacklevel=5)
     return GraphModule(model, model.graph)
