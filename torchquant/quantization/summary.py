@@ -14,6 +14,8 @@ from typing import Optional
 from torch import nn
 
 from ..nn.intrinsic.modules.fused import _FusedModule
+from . import _pt2e_summary
+from .pt2e.export_utils import model_is_exported
 from .quantization_mappings import (get_default_dynamic_quant_module_mappings,
                                     get_default_static_quant_module_mappings)
 
@@ -115,7 +117,11 @@ def _has_counterpart(m: nn.Module) -> bool:
 
 def summary(model: nn.Module) -> QuantizationSummary:
     """Per module: float / observed / quantized, and for each float one why (as recorded by
-    the last prepare / convert / quantize_dynamic on this model)."""
+    the last prepare / convert / quantize_dynamic on this model).  For an exported (PT2E)
+    model: per op of the graph, with ``name`` the node and ``type_name`` the op."""
+    if model_is_exported(model):
+        return QuantizationSummary(tuple(ModuleCoverage(*row)
+                                         for row in _pt2e_summary.node_coverage(model)))
     reasons = getattr(model, _REASONS_ATTR, {})
     entries = []
     for name, module, state in _units(model):

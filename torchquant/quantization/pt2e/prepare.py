@@ -166,6 +166,44 @@ def _edge_or_node_to_qspec(model: GraphModule) -> dict[EdgeOrNode, QuantizationS
     return qspecs
 
 
+def _check_targets_in_graph(model: GraphModule,
+                            qspecs: dict[EdgeOrNode, QuantizationSpecBase]) -> None:
+    """Shared / derived specs must point at nodes of this graph (an edge or node from another
+    graph, or one erased since annotation, would otherwise fail obscurely or be ignored)."""
+    in_graph = set(model.graph.nodes)
+    for key, qspec in qspecs.items():
+        if isinstance(qspec, SharedQuantizationSpec):
+            targets = [qspec.edge_or_node]
+        elif isinstance(qspec, DerivedQuantizationSpec):
+            targets = list(qspec.derived_from)
+        else:
+            continue
+        owner = key[1] if isinstance(key, tuple) else key
+        for target in targets:
+            nodes = target if isinstance(target, tuple) else (target,)
+            missing = [n for n in nodes if n not in in_graph]
+            if missing:
+                raise ValueError(
+                    f"{type(qspec).__name__} in the annotation of node {owner.name!r} points at "
+                    f"{_describe(target)}, but {', '.join(repr(_name(n)) for n in missing)} "
+                    "is not a node of the model's graph")
+            if isinstance(target, tuple) and target[0] not in target[1].all_input_nodes:
+                raise ValueError(
+                    f"{type(qspec).__name__} in the annotation of node {owner.name!r} points at "
+                    f"{_describe(target)}, which is not an edge of the graph ({target[0].name!r} "
+                    f"is not an input of {target[1].name!r})")
+
+
+def _name(n: Any) -> str:
+    return getattr(n, "name", repr(n))
+
+
+def _describe(target: EdgeOrNode) -> str:
+    if isinstance(target, tuple):
+        return f"edge ({_name(target[0])}, {_name(target[1])})"
+    return f"node {_name(target)}"
+
+
 def _group_ids(qspecs: dict[EdgeOrNode, QuantizationSpecBase]) -> dict[EdgeOrNode, int]:
     groups = _SharingGroups(qspecs)
     for key, qspec in qspecs.items():
@@ -318,6 +356,7 @@ def prepare(model: GraphModule, is_qat: bool,
     returns a new GraphModule over that graph."""
     nodes = list(model.graph.nodes)
     qspecs = _edge_or_node_to_qspec(model)
+    _check_targets_in_graph(model, qspecs)
     obs_map = _observer_map(qspecs, _group_ids(qspecs), is_qat)
     if obs_or_fq_callback is not None:
         obs_or_fq_callback(model, obs_map)
@@ -327,5 +366,5 @@ def prepare(model: GraphModule, is_qat: bool,
     if inserter.unobserved:
         warnings.warn("prepare_pt2e: annotated input edges got no observer and stay float "
                       "(the annotation names a node that is not a positional argument): "
-                      + ", ".join(inserter.unobserved), UserWarning, stacklevel=3)
+                      + ", ".join(inserter.unobserved), UserWarning, stacklevel=5)
     return GraphModule(model, model.graph)
