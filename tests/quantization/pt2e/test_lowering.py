@@ -22,8 +22,8 @@ import torch.nn as nn
 
 import torchquant
 from torchquant.examples.resnet import ResNet18
-from torchquant.quantization.pt2e.lowering import (LoweredConv, LoweredLinear, lower_pt2e,
-                                                   lowered_op_counts)
+from torchquant.quantization.pt2e.lowering import (LoweredConv, LoweredDynamicLinear,
+                                                   LoweredLinear, lower_pt2e, lowered_op_counts)
 from torchquant.quantization.quantize_pt2e import convert_pt2e, prepare_pt2e
 from torchquant.quantization.quantizer.x86_inductor_quantizer import (
     X86InductorQuantizer, get_default_x86_inductor_quantization_config)
@@ -70,12 +70,13 @@ class MLP(nn.Module):
         return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
 
 
-def _pt2e(model, shape, seed=0):
+def _pt2e(model, shape, seed=0, is_dynamic=False):
     torch.manual_seed(seed)
     model = model.eval()
     example = (torch.randn(*shape),)
     exported = torch.export.export(model, example).module()
-    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+    quantizer = X86InductorQuantizer().set_global(
+        get_default_x86_inductor_quantization_config(is_dynamic=is_dynamic))
     prepared = prepare_pt2e(exported, quantizer)
     with torch.no_grad():
         for _ in range(3):
@@ -227,3 +228,19 @@ def test_compile_residual_cnn_matches_lowered_eager(residual):
     x = torch.randn(*shape) * 2
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), lowered(x), rtol=1e-4, atol=1e-4)
+
+
+def test_dynamic_mlp():
+    """Dynamic PT2E (quint8 activations chosen per call): each Linear (+ReLU) becomes one
+    ``linear_dynamic`` call.  The reference runs a float GEMM on the dequantized input, the op
+    an int8 GEMM scaled once: equal up to float32 rounding."""
+    converted = _pt2e(MLP(), (8, 16), is_dynamic=True)
+    lowered = lower_pt2e(converted)
+    fused = _modules(lowered, LoweredDynamicLinear)
+    assert [m.relu for m in fused] == [True, True, False]
+    targets = _targets(lowered)
+    assert torch.ops.aten.linear.default not in targets
+    assert torch.ops.torchquant.quantize_dynamic_per_tensor.default not in targets
+    x = torch.randn(8, 16)
+    with torch.inference_mode():
+        torch.testing.assert_close(lowered(x), converted(x), rtol=1e-5, atol=1e-6)

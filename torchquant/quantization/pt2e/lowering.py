@@ -10,8 +10,8 @@ computation is one of the ops layer's (``ops.conv.conv`` / ``ops.linear.linear``
   [-> relu]] -> quantize`` becomes one call of a small module holding the weight packed once
   (:class:`LoweredConv`, :class:`LoweredLinear`) that maps input codes (and ``o``'s codes) to
   output codes;
-* ``linear(dynamic dequantize(x), dequantize(w), b)`` becomes one dynamic int8 Linear
-  (:class:`LoweredDynamicLinear`);
+* ``linear(dynamic dequantize(x), dequantize(w), b) [-> relu]`` becomes one dynamic int8
+  Linear (:class:`LoweredDynamicLinear`);
 * ``quantize(dequantize(q, s, zp), s, zp)`` with the same dtype is ``q`` and disappears;
 * a dequantize of a constant weight that stays float is folded into a float constant.
 
@@ -111,16 +111,19 @@ class LoweredDynamicLinear(torch.nn.Module):
     """A Linear whose float input is quantized per tensor (quint8) from its own range on each
     call: one :func:`torchquant.ops.linear.linear_dynamic` call, float output."""
 
-    def __init__(self, packed: _ops_linear.PackedLinearWeight, reduce_range: bool) -> None:
+    def __init__(self, packed: _ops_linear.PackedLinearWeight, reduce_range: bool,
+                 relu: bool = False) -> None:
         super().__init__()
         self.packed = packed
         self.reduce_range = bool(reduce_range)
+        self.relu = bool(relu)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _ops_linear.linear_dynamic(x, self.packed, self.reduce_range)
+        return _ops_linear.linear_dynamic(x, self.packed, self.reduce_range, self.relu)
 
     def extra_repr(self) -> str:
-        return f"weight={tuple(self.packed.weight.shape)}, reduce_range={self.reduce_range}"
+        return (f"weight={tuple(self.packed.weight.shape)}, reduce_range={self.reduce_range}, "
+                f"relu={self.relu}")
 
 
 # ---- graph helpers -------------------------------------------------------------------------------
@@ -360,8 +363,10 @@ def _fuse_dynamic(model: GraphModule, node: Node) -> bool:
         return False
     w_int, w_scale, w_zp, axis = weight
     packed = _ops_linear._PACKS.get(w_int, *weight_qparams(w_scale, w_zp, axis), bias)
-    _replace(model, node, node, LoweredDynamicLinear(packed, dyn[1]), "lowered_dynamic_linear_",
-             (dyn[0],), torch.float32)
+    relu = _only_user(node)
+    last = relu if _is(relu, _RELU) else node
+    _replace(model, node, last, LoweredDynamicLinear(packed, dyn[1], last is not node),
+             "lowered_dynamic_linear_", (dyn[0],), torch.float32)
     return True
 
 
