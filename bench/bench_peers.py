@@ -17,7 +17,7 @@ Workloads (``--quick``: smaller inputs and budgets, to check that everything run
   model (torchquant's X86InductorQuantizer).
 * all-MiniLM-L6-v2 encoder, dynamic int8 Linear, batch 32 x 128 tokens (quick: 4 x 32):
   float; torch.ao quantize_dynamic; torchao PT2E dynamic + inductor (freezing); ORT
-  quantize_dynamic per-channel; torchquant quantize_dynamic eager, eager + torch.compile, and
+  quantize_dynamic per-channel (``reduce_range`` on CPUs without VNNI, as ORT advises); torchquant quantize_dynamic eager, eager + torch.compile, and
   torchquant.compile on the PT2E dynamic-converted encoder.
 * LSTM 2 layers x 512, dynamic, batch 8 x seq 64 (quick: seq 16): float; torch.ao
   quantize_dynamic; ORT quantize_dynamic per-channel; torchquant quantize_dynamic eager
@@ -122,6 +122,22 @@ def _onnx_export(model: nn.Module, args: tuple, path: str, input_names: list[str
                  dynamic_axes: dict) -> None:
     torch.onnx.export(model, args, path, input_names=input_names, output_names=["out"],
                       dynamic_axes=dynamic_axes, opset_version=17, dynamo=False)
+
+
+def _cpu_has_vnni() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return True
+    return "avx512_vnni" in flags or "avx_vnni" in flags or "amx_int8" in flags
+
+
+def _ort_quantize_dynamic(fp32: str, int8: str) -> None:
+    """ORT's quantize_dynamic, per-channel int8 weights.  Without VNNI, ORT's u8 x s8 kernels
+    saturate pairwise sums (vpmaddubsw) and ORT advises ``reduce_range``: used there."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    quantize_dynamic(fp32, int8, per_channel=True, reduce_range=not _cpu_has_vnni(),
+                     weight_type=QuantType.QInt8)
 
 
 def _ort_fn(session, names: list[str]) -> Callable:
@@ -256,6 +272,10 @@ class _Encoder(nn.Module):
     def __init__(self, bert: nn.Module) -> None:
         super().__init__()
         self.bert = bert
+        # the pooler's output is unused here; left in, its dead Linear + Tanh partition has no
+        # output node, which the X86InductorQuantizer's linear-unary matcher (torchao's and
+        # torchquant's alike) trips on
+        self.bert.pooler = None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
@@ -293,11 +313,10 @@ def minilm(quick: bool, timing: dict, tmp: str) -> None:
         return _warm(call(torch.compile(convert_pt2e(prepared))), [feed], freezing=True)
 
     def ort_dynamic():
-        from onnxruntime.quantization import QuantType, quantize_dynamic
         fp32, int8 = f"{tmp}/minilm.onnx", f"{tmp}/minilm_int8.onnx"
         _onnx_export(encoder, example, fp32, ["input_ids", "attention_mask"],
                      {"input_ids": {0: "b", 1: "t"}, "attention_mask": {0: "b", 1: "t"}})
-        quantize_dynamic(fp32, int8, per_channel=True, weight_type=QuantType.QInt8)
+        _ort_quantize_dynamic(fp32, int8)
         return _ort_fn(_ort_session(int8), ["input_ids", "attention_mask"])
 
     def torchquant_pt2e():
@@ -359,10 +378,9 @@ def lstm(quick: bool, timing: dict, tmp: str) -> None:
     impls: dict[str, Callable] = {"float": model}
 
     def ort_dynamic():
-        from onnxruntime.quantization import QuantType, quantize_dynamic
         fp32, int8 = f"{tmp}/lstm.onnx", f"{tmp}/lstm_int8.onnx"
         _onnx_export(model, (x,), fp32, ["x"], {"x": {0: "b", 1: "t"}})
-        quantize_dynamic(fp32, int8, per_channel=True, weight_type=QuantType.QInt8)
+        _ort_quantize_dynamic(fp32, int8)
         return _ort_fn(_ort_session(int8), ["x"])
 
     _try("torch.ao eager", lambda: aoq.quantize_dynamic(copy.deepcopy(model), {nn.LSTM},
