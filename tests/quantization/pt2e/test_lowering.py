@@ -244,3 +244,31 @@ def test_dynamic_mlp():
     x = torch.randn(8, 16)
     with torch.inference_mode():
         torch.testing.assert_close(lowered(x), converted(x), rtol=1e-5, atol=1e-6)
+
+
+def test_compile_exported_program_of_converted_model(convnet):
+    """An ExportedProgram of the converted model lowers as the GraphModule does."""
+    converted, shape = convnet
+    x = torch.randn(*shape)
+    program = torch.export.export(converted, (x,))
+    lowered = torchquant.compile(program, use_torch_compile=False)
+    assert len(_modules(lowered, LoweredConv)) == 2
+    with torch.inference_mode():
+        torch.testing.assert_close(lowered(x), converted(x), rtol=1e-4, atol=1e-4)
+
+
+def test_compile_eager_converted_model_is_compiled_only():
+    """An eager-converted model already calls the fused ops: torchquant.compile only compiles
+    it, and the compiled integers equal eager's."""
+    import torchquant.quantization as tq
+    torch.manual_seed(0)
+    model = nn.Sequential(tq.QuantStub(), nn.Conv2d(3, 4, 3), nn.ReLU(), tq.DeQuantStub()).eval()
+    model.qconfig = tq.get_default_qconfig("x86")
+    tq.fuse_modules(model, [["1", "2"]], inplace=True)
+    tq.prepare(model, inplace=True)
+    model(torch.randn(2, 3, 8, 8))
+    tq.convert(model, inplace=True)
+    assert torchquant.compile(model, use_torch_compile=False) is model
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        assert torch.equal(torchquant.compile(model, fullgraph=True)(x), model(x))
