@@ -205,6 +205,11 @@ def test_resnet18_shaped(resnet):
     assert posts.count("add_relu") == 8 - 1
     counts = lowered_op_counts(lowered)
     assert counts["LoweredConv"] == 19 and counts["conv2d.default"] == 1
+    # dq -> max_pool -> q with equal qparams pools the codes themselves
+    assert counts["max_pool_codes"] == 1 and "max_pool2d.default" not in counts
+    # 122 graph calls per inference before lowering (30 dq, 22 q, 21 weight dq, 20 conv, ...)
+    assert sum(lowered_op_counts(converted).values()) == 123
+    assert sum(counts.values()) == 32  # 19 fused convs, 3 dq, 2 q, the float tail, the guard
 
 
 def test_compile_entry_point(mlp):

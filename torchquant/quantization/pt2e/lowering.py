@@ -13,6 +13,9 @@ computation is one of the ops layer's (``ops.conv.conv`` / ``ops.linear.linear``
 * ``linear(dynamic dequantize(x), dequantize(w), b) [-> relu]`` becomes one dynamic int8
   Linear (:class:`LoweredDynamicLinear`);
 * ``quantize(dequantize(q, s, zp), s, zp)`` with the same dtype is ``q`` and disappears;
+* ``quantize(max_pool(dequantize(q, s, zp)), s, zp)`` is the max pooling of the codes
+  (dequantizing is increasing, and quantizing a dequantized code gives it back): one
+  :func:`torchquant.ops.pooling.max_pool` call on the integers;
 * a dequantize of a constant weight that stays float is folded into a float constant.
 
 What is left (elementwise quantize / dequantize around pooling, the float head) stays as
@@ -34,6 +37,7 @@ from torch.fx import GraphModule, Node
 from ... import dtypes as _dt
 from ...ops import conv as _ops_conv
 from ...ops import linear as _ops_linear
+from ...ops import pooling as _ops_pooling
 from ...ops._library import weight_qparams
 
 __all__ = ["lower_pt2e", "LoweredConv", "LoweredLinear", "LoweredDynamicLinear",
@@ -156,8 +160,10 @@ def _shape(node: Any) -> Optional[torch.Size]:
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         return val.shape
-    if _is(node, (_Q, _DQ)) or node.meta.get(_DTYPE_KEY) is not None:
-        return _shape(node.args[0]) if node.op == "call_function" else node.meta.get(_SHAPE_KEY)
+    if node.meta.get(_DTYPE_KEY) is not None:  # a node this lowering made
+        return node.meta.get(_SHAPE_KEY)
+    if _is(node, (_Q, _DQ)):
+        return _shape(node.args[0])
     return None
 
 
@@ -370,6 +376,46 @@ def _fuse_dynamic(model: GraphModule, node: Node) -> bool:
     return True
 
 
+_MAX_POOL = {_aten.max_pool1d.default: 1, _aten.max_pool2d.default: 2,
+             _aten.max_pool3d.default: 3}
+
+
+def max_pool_codes(values: torch.Tensor, ndim: int, kernel_size: list, stride: list,
+                   padding: list, dilation: list, ceil_mode: bool) -> torch.Tensor:
+    """Max pooling of quantized codes (what a lowered ``q(max_pool(dq(.)))`` calls)."""
+    return _ops_pooling.max_pool(values, ndim, kernel_size, stride, padding, dilation,
+                                 ceil_mode)
+
+
+def _same_qparams(dq: Node, q: Node) -> bool:
+    codes = dq.args[0]
+    return (float(dq.args[1]) == float(q.args[1]) and int(dq.args[2]) == int(q.args[2])
+            and _dtype(codes) == _dt.qdtype_of(q.args[3]).storage_dtype)
+
+
+def _lower_max_pool(model: GraphModule) -> int:
+    lowered = 0
+    for node in list(model.graph.nodes):
+        if not _is(node, _MAX_POOL) or not _is(node.args[0], _DQ):
+            continue
+        q = _only_user(node)
+        if not _is(q, _Q) or not _same_qparams(node.args[0], q) or float(q.args[1]) <= 0:
+            continue
+        ndim = _MAX_POOL[node.target]
+        names = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode")
+        args = list(node.args) + [None, [], 0, 1, False][len(node.args) - 1:]
+        for k, v in node.kwargs.items():
+            args[names.index(k)] = v
+        with model.graph.inserting_before(q):
+            pooled = model.graph.call_function(
+                max_pool_codes, (node.args[0].args[0], ndim, *args[1:6]))
+        pooled.meta[_DTYPE_KEY] = _dtype(node.args[0].args[0])
+        pooled.meta[_SHAPE_KEY] = _shape(node)
+        q.replace_all_uses_with(pooled)
+        lowered += 1
+    return lowered
+
+
 def _drop_requantize(model: GraphModule) -> int:
     """``quantize(dequantize(q, s, zp), s, zp, dtype)`` of q's own dtype is q."""
     dropped = 0
@@ -377,11 +423,8 @@ def _drop_requantize(model: GraphModule) -> int:
         if not _is(node, _Q) or not _is(node.args[0], _DQ):
             continue
         dq = node.args[0]
-        codes = dq.args[0]
-        same = (float(dq.args[1]) == float(node.args[1]) and int(dq.args[2]) == int(node.args[2])
-                and _dtype(codes) == _dt.qdtype_of(node.args[3]).storage_dtype)
-        if same:
-            node.replace_all_uses_with(codes)
+        if _same_qparams(dq, node):
+            node.replace_all_uses_with(dq.args[0])
             dropped += 1
     return dropped
 
@@ -427,6 +470,8 @@ def lower_pt2e(model: GraphModule, inplace: bool = False) -> GraphModule:
         if node.target in _CONV or node.target is _LINEAR:
             if not _fuse_static(model, node) and node.target is _LINEAR:
                 _fuse_dynamic(model, node)
+    graph.eliminate_dead_code()
+    _lower_max_pool(model)
     graph.eliminate_dead_code()
     _drop_requantize(model)
     graph.eliminate_dead_code()
