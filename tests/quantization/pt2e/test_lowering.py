@@ -277,3 +277,23 @@ def test_compile_eager_converted_model_is_compiled_only():
     x = torch.randn(2, 3, 8, 8)
     with torch.no_grad():
         assert torch.equal(torchquant.compile(model, fullgraph=True)(x), model(x))
+
+
+def test_xnnpack_qint8_linears_fuse():
+    """XNNPACKQuantizer's symmetric qint8 activations: every Linear (+ReLU) fuses with int8
+    codes in and out, equal to the reference's codes (convs, whose op takes quint8 only, would
+    stay float)."""
+    from torchquant.quantization.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer, get_symmetric_quantization_config)
+    torch.manual_seed(0)
+    example = (torch.randn(8, 16),)
+    exported = torch.export.export(MLP().eval(), example).module()
+    prepared = prepare_pt2e(exported, XNNPACKQuantizer().set_global(
+        get_symmetric_quantization_config(is_per_channel=True)))
+    prepared(*example)
+    converted = convert_pt2e(prepared)
+    lowered = lower_pt2e(converted)
+    fused = _modules(lowered, LoweredLinear)
+    assert [m.out_dtype for m in fused] == [torch.int8] * 3
+    exact, within, total = _codes_agreement(converted, lowered, torch.randn(8, 16))
+    assert exact == 1.0 and total == 8 * 32 * 2 + 8 * 4
