@@ -39,7 +39,11 @@ KNOWN_UPWARD: set[tuple[str, str]] = set()
 # why).  Only an optional part whose import would cost every user start-up time belongs here;
 # third-party optional dependencies (tqdm, transformers, sentence-transformers, scikit-learn)
 # are imported inside functions where used and are not torchquant imports.
-OPTIONAL_LOCAL_IMPORTS: set[tuple[str, str, str]] = set()
+OPTIONAL_LOCAL_IMPORTS: set[tuple[str, str, str]] = {
+    ("torchquant", "torchquant._compile",
+     "torchquant.compile lowers PT2E graphs with the quantization workflow; loaded on first use "
+     "so that `import torchquant` does not load nn / quantization"),
+}
 
 
 class Import(NamedTuple):

@@ -38,3 +38,14 @@ __all__ = [
 ]
 
 from . import _qtensor_ops as _qtensor_ops  # noqa: E402,F401  (QTensor torch.* ops)
+
+__all__ += ["compile"]
+
+
+def __getattr__(name: str):
+    """``torchquant.compile`` (:mod:`._compile`) loads the quantization workflow it lowers, so
+    it is imported on first use: ``import torchquant`` stays free of nn / quantization."""
+    if name == "compile":
+        from ._compile import compile
+        return compile
+    raise AttributeError(f"module 'torchquant' has no attribute {name!r}")
