@@ -18,6 +18,7 @@ from torch import nn
 from .. import affine
 from ..ops import fake_quantize as ops_fake_quantize
 from ..ops._library import traced
+from ..nn._torch_names import torch_quantization_function
 from .. import dtypes as _dt
 from .observer import (
     FixedQParamsObserver,
@@ -111,6 +112,16 @@ class FakeQuantizeBase(ABC, nn.Module):
 
     def disable_observer(self) -> None:
         self.enable_observer(False)
+
+    def apply(self, fn: Callable[[nn.Module], None]) -> "FakeQuantizeBase":
+        """``nn.Module.apply``, plus torch's own ``disable_observer`` / ``enable_fake_quant`` /
+        ... (which only recognise torch's classes) switch this module as they would torch's."""
+        super().apply(fn)
+        name = torch_quantization_function(fn)
+        if name in ("disable_observer", "enable_observer", "disable_fake_quant",
+                    "enable_fake_quant"):
+            getattr(self, name)()
+        return self
 
     @classmethod
     def with_args(cls, **kwargs: Any) -> Callable[..., "FakeQuantizeBase"]:

@@ -24,6 +24,7 @@ from ..nn import quantized as nnq
 from ..nn.intrinsic.modules.fused import _FusedModule
 from ..nn.quantized.modules.functional_modules import FloatFunctional, QFunctional
 from . import summary as _summary
+from ._foreign import check_no_torch_quantization_objects
 from .fake_quantize import FakeQuantizeBase
 from .observer import ObserverBase
 from .qconfig import (QConfig, _activation_is_memoryless, default_dynamic_qconfig,
@@ -195,6 +196,7 @@ def prepare(model: nn.Module, inplace: bool = False, allow_list: Optional[set] =
     if not inplace:
         model = copy.deepcopy(model)
     propagation = allow_list if allow_list is not None else get_default_qconfig_propagation_list()
+    check_no_torch_quantization_objects(model, "prepare")
     propagate_qconfig_(model, qconfig_dict=None, prepare_custom_config_dict=custom)
     if not any(_needs_observation(m) for m in model.modules()):
         warnings.warn("None of the submodule got qconfig applied. Make sure you passed correct "
@@ -311,6 +313,7 @@ def prepare_qat(model: nn.Module, mapping: Optional[dict] = None,
         mapping = get_default_qat_module_mappings()
     if not inplace:
         model = copy.deepcopy(model)
+    check_no_torch_quantization_objects(model, "prepare_qat")
     propagate_qconfig_(model, qconfig_dict=None)
     convert(model, mapping=mapping, inplace=True, remove_qconfig=False, _record=False)
     prepare(model, observer_non_leaf_module_list=set(mapping.values()), inplace=True)
@@ -345,6 +348,7 @@ def convert(module: nn.Module, mapping: Optional[dict] = None, inplace: bool = F
     a qconfig but no observer); warns when nothing was swapped.
     """
     torch._C._log_api_usage_once("torchquant.quantization.convert")
+    check_no_torch_quantization_objects(module, "convert")
     if not inplace:
         module = copy.deepcopy(module)
     if mapping is None:
