@@ -298,8 +298,13 @@ class FusedMovingAvgObsFakeQuantize(FakeQuantize):
         else:
             cur_min, cur_max = torch.aminmax(x)
         if not bool(torch.isfinite(cur_min).all() & torch.isfinite(cur_max).all()):
-            raise ValueError(f"{type(self).__name__}: input has NaN or Inf values "
-                             f"(min {cur_min.tolist()}, max {cur_max.tolist()})")
+            kind = "NaN" if bool(torch.isnan(cur_min).any() | torch.isnan(cur_max).any()) \
+                else "Inf"
+            owner = self.__dict__.get("_torchquant_owner")
+            where = f" of module {owner!r}" if owner else ""
+            raise ValueError(f"{type(self).__name__}{where}: input has {kind} values (NaN or Inf "
+                             f"have no quantization range; min {cur_min.tolist()}, "
+                             f"max {cur_max.tolist()})")
         return cur_min, cur_max
 
     def _update_running_min_max(self, x: torch.Tensor) -> None:

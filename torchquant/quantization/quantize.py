@@ -26,7 +26,7 @@ from ..nn.quantized.modules.functional_modules import FloatFunctional, QFunction
 from . import summary as _summary
 from ._foreign import check_no_torch_quantization_objects
 from .fake_quantize import FakeQuantizeBase
-from .observer import ObserverBase
+from .observer import ObserverBase, set_observer_owner
 from .qconfig import (QConfig, _activation_is_memoryless, default_dynamic_qconfig,
                       float16_dynamic_qconfig, float_qparams_weight_only_qconfig,
                       float_qparams_weight_only_qconfig_4bit)
@@ -131,6 +131,7 @@ def _insert_observer(m: nn.Module, name: str, device: Optional[torch.device],
     observer = m.qconfig.activation() if special is None else special()
     if device is not None:
         observer.to(device)
+    set_observer_owner(observer, name)
     m.add_module("activation_post_process", observer)
     m._torchquant_name = name
     if _activation_is_memoryless(m.qconfig):
@@ -150,6 +151,7 @@ def _add_observers(module: nn.Module, propagation: set, non_leaf: Optional[set],
         if type(child) in (FloatFunctional, QFunctional):
             if _needs_observation(child):
                 child.activation_post_process = child.qconfig.activation()
+                set_observer_owner(child.activation_post_process, qual)
                 if device is not None:
                     child.activation_post_process.to(device)
         elif isinstance(child, _FusedModule):
