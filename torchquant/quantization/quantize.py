@@ -394,6 +394,8 @@ def _float_reason(m: nn.Module, mapping: dict, custom_map: dict) -> Optional[str
     if type(m) in mapping or type(m) in custom_map:
         return "no qconfig"
     if _is_leaf(m) or isinstance(m, _FusedModule):
+        if getattr(m, "qconfig", None) is None:
+            return "no qconfig"
         return f"no quantized counterpart for {type(m).__name__}"
     return None
 
