@@ -146,3 +146,4 @@ from .quantize import (
     swap_module,
 )
 from .summary import QuantizationSummary, summary
+from .calibration import calibrate
