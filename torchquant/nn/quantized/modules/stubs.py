@@ -11,6 +11,9 @@ from .utils import OutputQParams
 
 __all__ = ["Quantize", "DeQuantize"]
 
+_REDUCED_FLOATS = (torch.float16, torch.bfloat16)
+_TORCH_TYPE_NAMES = {torch.float16: "Half", torch.bfloat16: "BFloat16"}
+
 
 class Quantize(OutputQParams, torch.nn.Module):
     """Quantizes a float tensor per tensor with fixed (scale, zero_point, dtype).
@@ -39,6 +42,10 @@ class Quantize(OutputQParams, torch.nn.Module):
         return (self.dtype,)
 
     def forward(self, X: torch.Tensor):
+        if isinstance(X, torch.Tensor) and X.dtype in _REDUCED_FLOATS:
+            # torch.ao's message and type; quantizing a rounded input would change results.
+            raise RuntimeError(f"Quantize only works on Float Tensor, got "
+                               f"{_TORCH_TYPE_NAMES[X.dtype]}")
         scale, zero_point = self._output_qparams()
         return quantize_per_tensor(X, scale, zero_point, self.dtype)
 
