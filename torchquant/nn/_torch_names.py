@@ -9,32 +9,28 @@ from typing import Any, Optional
 
 __all__ = ["TORCH_TO_TORCHQUANT", "torchquant_namespace", "torch_quantization_function"]
 
-# Longest prefix first; a torch class path under the left maps to the right namespace.
-TORCH_TO_TORCHQUANT: tuple[tuple[str, str], ...] = tuple(
-    (torch_ns, tq_ns)
-    for prefix in ("torch.ao.nn", "torch.nn")
-    for torch_ns, tq_ns in (
-        (f"{prefix}.intrinsic.quantized.dynamic", "torchquant.nn.intrinsic.quantized.dynamic"),
-        (f"{prefix}.intrinsic.quantized", "torchquant.nn.intrinsic.quantized"),
-        (f"{prefix}.intrinsic.qat", "torchquant.nn.intrinsic.qat"),
-        (f"{prefix}.intrinsic", "torchquant.nn.intrinsic"),
-        (f"{prefix}.quantized.dynamic", "torchquant.nn.quantized.dynamic"),
-        (f"{prefix}.quantized.reference", "torchquant.nn.quantized.reference"),
-        (f"{prefix}.quantized", "torchquant.nn.quantized"),
-        (f"{prefix}.qat.dynamic", "torchquant.nn.qat.dynamic"),
-        (f"{prefix}.qat", "torchquant.nn.qat"),
-        (f"{prefix}.quantizable", "torchquant.nn.quantizable"),
-    )
+# torch namespaces as package paths (tuples of names; longest first) and the torchquant
+# namespace each maps to.  torch.nn.quantized / .intrinsic / .qat are torch's legacy aliases of
+# the torch.ao.nn ones; torch.quantization is the legacy alias of torch.ao.quantization.
+_NN_SUBPACKAGES: tuple[tuple[str, ...], ...] = (
+    ("intrinsic", "quantized", "dynamic"), ("intrinsic", "quantized"), ("intrinsic", "qat"),
+    ("intrinsic",), ("quantized", "dynamic"), ("quantized", "reference"), ("quantized",),
+    ("qat", "dynamic"), ("qat",), ("quantizable",))
+TORCH_TO_TORCHQUANT: tuple[tuple[tuple[str, ...], str], ...] = tuple(
+    (root + sub, ".".join(("torchquant", "nn") + sub))
+    for root in (("torch", "ao", "nn"), ("torch", "nn"))
+    for sub in _NN_SUBPACKAGES
 ) + (
-    ("torch.ao.quantization", "torchquant.quantization"),
-    ("torch.quantization", "torchquant.quantization"),
+    (("torch", "ao", "quantization"), "torchquant.quantization"),
+    (("torch", "quantization"), "torchquant.quantization"),
 )
 
 
 def torchquant_namespace(module_path: str) -> Optional[str]:
     """The torchquant namespace for a torch quantization module path, else None."""
-    for torch_ns, tq_ns in TORCH_TO_TORCHQUANT:
-        if module_path == torch_ns or module_path.startswith(torch_ns + "."):
+    parts = tuple(module_path.split("."))
+    for torch_parts, tq_ns in TORCH_TO_TORCHQUANT:
+        if parts[:len(torch_parts)] == torch_parts:
             return tq_ns
     return None
 
