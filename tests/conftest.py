@@ -1,14 +1,9 @@
 import functools
 import io
-import os
 import warnings
 
 import pytest
 import torch
-
-# Tests check which path each call takes: compiled CPU kernels are built synchronously on the
-# hot call here (the default background build has its own test: tests/kernels/test_cold_start.py).
-os.environ.setdefault("TORCHQUANT_COMPILE_IN_BACKGROUND", "0")
 
 # torch 2.13 warns on every use of its quantized dtypes; here they are only the oracle.
 warnings.filterwarnings("ignore", message="torch.quantize_per_tensor, torch.quantize_per_channel")

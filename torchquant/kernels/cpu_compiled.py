@@ -13,10 +13,14 @@ compiled by inductor, and its generated function is called directly (~4 us of ov
 A signature is compiled on its ``HOT_CALLS``-th call (a model repeats its shapes every batch;
 the one-off shapes of a test or a calibration step stay eager), and at most ``MAX_KERNELS``
 are kept.  Compilation costs ~0.7 s per new signature with a warm inductor cache and several
-seconds with an empty one, so by default it never blocks a call: a hot signature is queued for
-a background thread and the eager formula answers until its kernel is ready
-(``TORCHQUANT_COMPILE_IN_BACKGROUND=0`` builds synchronously on the hot call instead, which
-makes the path each call takes deterministic; :func:`wait_for_kernels` waits for the queue).
+seconds with an empty one; a build slower than ``SLOW_BUILD_S`` says so once at WARNING on the
+``torchquant`` logger.  Builds happen on the calling thread: ``make_fx`` and AOT autograd patch
+``nn.Module.__call__`` process-wide while they trace, so a build on a background thread breaks
+every module call the main thread makes meanwhile (seen: "module is not installed as a
+submodule" in a training loop).  So a converted model's first call compiles nothing: a
+signature is hot on its ``HOT_CALLS``-th call only once it has been seen in an earlier model
+call too (converted models mark their calls, :func:`note_model_call`), so shapes that the layers
+of one forward repeat wait for the next call (or for ``_SAME_CALL_FACTOR`` times as many calls).
 If a build fails (no C++ compiler, say) the op marks itself unavailable and the reference takes
 over.  Never used while an outer ``torch.compile`` traces (the registry checks).
 """
@@ -24,8 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -43,15 +45,22 @@ MAX_KERNELS = 256
 _broken: set[str] = set()
 _kernels: dict[tuple, Callable[[list], Any]] = {}
 _calls: dict[tuple, int] = {}
-# Build hot kernels on a background thread (the eager formula answers meanwhile).
-BACKGROUND = os.environ.get("TORCHQUANT_COMPILE_IN_BACKGROUND", "1") not in ("0", "")
-# A synchronous build slower than this says so (once) on the torchquant logger.
+# A build slower than this says so (once) on the torchquant logger.
 SLOW_BUILD_S = 2.0
-_pending: set[tuple] = set()
-_failures: dict[str, BaseException] = {}
-_queue: "queue.Queue[tuple[tuple, str, Callable, tuple]]" = queue.Queue()
-_lock = threading.Lock()
-_worker: Optional[threading.Thread] = None
+# Model calls so far (converted models note each call, see note_model_call), and the one in
+# which each signature was first seen: a shape repeated by the layers of one forward is not yet
+# "hot" (a first inference must not compile), unless it repeats a lot (a model that notes no
+# calls, e.g. a dynamic one, after the first has run).
+_model_calls = 0
+_first_seen_in: dict[tuple, int] = {}
+_SAME_CALL_FACTOR = 4
+
+
+def note_model_call() -> None:
+    """Called by converted models on each call (their ``Quantize``): separates one forward's
+    repeated shapes from shapes repeated across calls."""
+    global _model_calls
+    _model_calls += 1
 
 
 def _inductor_fma(a, b, c):
@@ -205,63 +214,11 @@ def _build_timed(source: Callable, args: tuple) -> Callable[[list], Any]:
     start = time.perf_counter()
     kernel = _build(source, args)
     took = time.perf_counter() - start
-    if took > SLOW_BUILD_S and not BACKGROUND:
-        emit_once(logging.WARNING, f"building a compiled CPU kernel took {took:.1f} s (inductor's "
-                  "cache was cold); later ones are faster. TORCHQUANT_COMPILE_IN_BACKGROUND=1 "
-                  "builds them without blocking", key="slow-build")
+    if took > SLOW_BUILD_S:
+        emit_once(logging.WARNING, f"building a compiled CPU kernel took {took:.1f} s (an empty "
+                  "inductor cache, probably); later builds are faster, and "
+                  "TORCHQUANT_KERNELS=reference avoids them", key="slow-build")
     return kernel
-
-
-def _background_loop() -> None:
-    while True:
-        key, op, source, args = _queue.get()
-        try:
-            kernel = _build_timed(source, args)
-            with _lock:
-                if len(_kernels) >= MAX_KERNELS:
-                    _kernels.clear()
-                    _calls.clear()
-                _kernels[key] = kernel
-        except Exception as exc:  # reported by compiled() on the caller's thread
-            with _lock:
-                _failures[op] = exc
-        finally:
-            with _lock:
-                _pending.discard(key)
-            _queue.task_done()
-
-
-def _submit(key: tuple, op: str, source: Callable, args: tuple) -> None:
-    """Queue a background build of ``key`` (once), starting the worker thread if needed."""
-    global _worker
-    with _lock:
-        if key in _pending:
-            return
-        _pending.add(key)
-        if _worker is None or not _worker.is_alive():
-            _worker = threading.Thread(target=_background_loop, name="torchquant-compile",
-                                       daemon=True)
-            _worker.start()
-    _queue.put((key, op, source, args))
-
-
-def wait_for_kernels(timeout: Optional[float] = None) -> bool:
-    """Wait until every queued background build is done (True), or ``timeout`` seconds
-    passed (False).  For benchmarks and tests that want the compiled path."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        with _lock:
-            if not _pending:
-                return True
-        if deadline is not None and time.monotonic() >= deadline:
-            return False
-        time.sleep(0.01)
-
-
-def pending_kernels() -> int:
-    """How many kernel builds are queued or running in the background."""
-    with _lock:
-        return len(_pending)
 
 
 def hot_kernel(op: str, source: Callable, args: tuple,
@@ -274,14 +231,17 @@ def hot_kernel(op: str, source: Callable, args: tuple,
     kernel = _kernels.get(key)
     if kernel is None:
         seen = _calls[key] = _calls.get(key, 0) + 1
-        if seen < (HOT_CALLS if hot_calls is None else hot_calls):
+        threshold = HOT_CALLS if hot_calls is None else hot_calls
+        first_call = _first_seen_in.setdefault(key, _model_calls)
+        if seen < threshold:
             return None
-        if BACKGROUND:
-            _submit(key, op, source, args)
-            return None
+        if (threshold > 1 and _model_calls and first_call == _model_calls
+                and seen < threshold * _SAME_CALL_FACTOR):
+            return None  # only repeated within the model call it first appeared in
         if len(_kernels) >= MAX_KERNELS:
             _kernels.clear()
             _calls.clear()
+            _first_seen_in.clear()
         kernel = _kernels[key] = _build_timed(source, args)
     return kernel
 
@@ -294,8 +254,6 @@ def compiled(op: str, args: tuple, source: Optional[Callable] = None,
     if op in _broken:
         return None
     try:
-        if op in _failures:
-            raise _failures.pop(op)
         return hot_kernel(op, _SOURCES[op] if source is None else source, args, hot_calls)
     except Exception as exc:  # no C++ compiler, or an inductor that cannot build it
         _broken.add(op)

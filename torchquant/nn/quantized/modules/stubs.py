@@ -6,6 +6,7 @@ from typing import Any, Optional
 import torch
 
 from .... import dtypes as _dt
+from ....kernels import cpu_compiled as _cpu_compiled
 from ....tensor_functions import dequantize, quantize_per_tensor
 from .utils import OutputQParams
 
@@ -46,6 +47,8 @@ class Quantize(OutputQParams, torch.nn.Module):
             # torch.ao's message and type; quantizing a rounded input would change results.
             raise RuntimeError(f"Quantize only works on Float Tensor, got "
                                f"{_TORCH_TYPE_NAMES[X.dtype]}")
+        if not torch.compiler.is_compiling():
+            _cpu_compiled.note_model_call()  # (a layer-repeated shape is not yet "hot")
         scale, zero_point = self._output_qparams()
         return quantize_per_tensor(X, scale, zero_point, self.dtype)
 
