@@ -18,7 +18,7 @@ torch.ao and torchquant, with inductor's cache pointed at an empty directory (un
 first call); the steady-state rows run each model a few times first so those are built.
 
 Timings interleave the three sides in short blocks and keep the fastest (bench_kernels.best_times);
-the ratio's spread is the min / max ratio over the rounds.
+the ratio is the median over four timing rounds, with its min-max spread.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ if "--warm-cache" not in sys.argv:  # before torch / inductor read it
 os.environ.setdefault("TORCHQUANT_QUIET", "1")
 
 import copy  # noqa: E402
+import statistics  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -264,10 +265,11 @@ def main() -> int:
                     best = best_times(fns, budget / 3)
                     ratios.append(best["torchquant"] / best["torch.ao"])
                 best = best_times(fns, budget / 3)
+                ratios.append(best["torchquant"] / best["torch.ao"])
                 speed_rows.append([case["name"], str(threads),
                                    f"{best['float'] * 1e3:.2f}", f"{best['torch.ao'] * 1e3:.2f}",
                                    f"{best['torchquant'] * 1e3:.2f}",
-                                   f"{best['torchquant'] / best['torch.ao']:.2f}x "
+                                   f"{statistics.median(ratios):.2f}x "
                                    f"({min(ratios):.2f}-{max(ratios):.2f})",
                                    f"{best['torchquant'] / best['float']:.2f}x"])
     _print("Cold start (seconds to build, ms for the first call; 2 threads)",
