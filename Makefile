@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m torchquant demo
+	$(PY) tools/demo.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q

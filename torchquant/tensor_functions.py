@@ -20,13 +20,18 @@ __all__ = ["quantize_per_tensor", "quantize_per_channel", "dequantize",
            "fake_quantize_per_channel_affine"]
 
 
-def _check_float_input(x: Any, fn: str) -> torch.Tensor:
+def _check_float_input(x: Any, fn: str, reject_reduced: bool = False) -> torch.Tensor:
     if isinstance(x, QTensor):
         raise TypeError(f"{fn} expects a float tensor, got an already quantized QTensor")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{fn} expects a float tensor, got {type(x).__name__}")
     if not x.dtype.is_floating_point:
         raise TypeError(f"{fn} expects a floating-point input, got dtype {x.dtype}")
+    if reject_reduced and x.dtype in (torch.float16, torch.bfloat16):
+        # torch's message and type: half / bfloat16 input is not quantized (float64 is,
+        # unlike torch, which rejects it too).
+        name = "Half" if x.dtype == torch.float16 else "BFloat16"
+        raise RuntimeError(f"Quantize only works on Float Tensor, got {name} ({fn})")
     return x.detach()
 
 
@@ -55,7 +60,7 @@ def quantize_per_tensor(input: Union[torch.Tensor, Sequence[torch.Tensor]], scal
             raise ValueError(f"quantize_per_tensor on {len(input)} tensors needs {len(input)} "
                              f"scales and zero points, got {scales.numel()} and {zps.numel()}")
         return tuple(quantize_per_tensor(t, scales[i], zps[i], qdtype) for i, t in enumerate(input))
-    x = _check_float_input(input, "quantize_per_tensor")
+    x = _check_float_input(input, "quantize_per_tensor", reject_reduced=True)
     scale_t, zp_t = _normalise_qparams(scale, zero_point, qdtype, None, x.shape)
     if isinstance(scale, (int, float)) and isinstance(zero_point, int) and not qdtype.is_sub_byte:
         # Python-number qparams (a converted model's): the op a graph can hold as one node,
@@ -72,7 +77,7 @@ def quantize_per_channel(input: torch.Tensor, scales: Any, zero_points: Any, axi
     """Per-channel affine quantization along ``axis``; float ``zero_points`` select the
     float-qparams scheme (embeddings)."""
     qdtype = _dt.to_qdtype(dtype)
-    x = _check_float_input(input, "quantize_per_channel")
+    x = _check_float_input(input, "quantize_per_channel", reject_reduced=True)
     if not isinstance(axis, int):
         raise TypeError(f"axis must be an int, got {type(axis).__name__}")
     scale_t, zp_t = _normalise_qparams(scales, zero_points, qdtype, axis, x.shape)
@@ -97,7 +102,7 @@ def quantize_per_tensor_dynamic(input: torch.Tensor, dtype: Any, reduce_range: b
     qdtype = _dt.to_qdtype(dtype)
     if qdtype not in (_dt.quint8, _dt.qint8):
         raise TypeError(f"quantize_per_tensor_dynamic supports quint8 and qint8, got {qdtype!r}")
-    x = _check_float_input(input, "quantize_per_tensor_dynamic")
+    x = _check_float_input(input, "quantize_per_tensor_dynamic", reject_reduced=True)
     try:
         values, scale, zero_point = ops_quantize_dynamic.quantize_dynamic_per_tensor(
             x, qdtype, reduce_range)

@@ -12,18 +12,28 @@ compiled by inductor, and its generated function is called directly (~4 us of ov
 
 A signature is compiled on its ``HOT_CALLS``-th call (a model repeats its shapes every batch;
 the one-off shapes of a test or a calibration step stay eager), and at most ``MAX_KERNELS``
-are kept.  Compilation costs ~0.7 s per new signature (inductor caches the C++ on disk).  If it
-fails (no C++ compiler, say) the op marks itself unavailable and the reference takes over.
-Never used while an outer ``torch.compile`` traces (the registry checks).
+are kept.  Compilation costs ~0.7 s per new signature with a warm inductor cache and several
+seconds with an empty one; a build slower than ``SLOW_BUILD_S`` says so once at WARNING on the
+``torchquant`` logger.  Builds happen on the calling thread: ``make_fx`` and AOT autograd patch
+``nn.Module.__call__`` process-wide while they trace, so a build on a background thread breaks
+every module call the main thread makes meanwhile (seen: "module is not installed as a
+submodule" in a training loop).  So a converted model's first call compiles nothing: a
+signature is hot on its ``HOT_CALLS``-th call only once it has been seen in an earlier model
+call too (converted models mark their calls, :func:`note_model_call`), so shapes that the layers
+of one forward repeat wait for the next call (or for ``_SAME_CALL_FACTOR`` times as many calls).
+If a build fails (no C++ compiler, say) the op marks itself unavailable and the reference takes
+over.  Never used while an outer ``torch.compile`` traces (the registry checks).
 """
 from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Callable, Optional
 
 import torch
 
+from .._log import emit_once
 from .registry import register
 from ..affine import FMA
 from .reference import (add_formula, dequantize_formula, fake_quantize_formula,
@@ -35,6 +45,22 @@ MAX_KERNELS = 256
 _broken: set[str] = set()
 _kernels: dict[tuple, Callable[[list], Any]] = {}
 _calls: dict[tuple, int] = {}
+# A build slower than this says so (once) on the torchquant logger.
+SLOW_BUILD_S = 2.0
+# Model calls so far (converted models note each call, see note_model_call), and the one in
+# which each signature was first seen: a shape repeated by the layers of one forward is not yet
+# "hot" (a first inference must not compile), unless it repeats a lot (a model that notes no
+# calls, e.g. a dynamic one, after the first has run).
+_model_calls = 0
+_first_seen_in: dict[tuple, int] = {}
+_SAME_CALL_FACTOR = 4
+
+
+def note_model_call() -> None:
+    """Called by converted models on each call (their ``Quantize``): separates one forward's
+    repeated shapes from shapes repeated across calls."""
+    global _model_calls
+    _model_calls += 1
 
 
 def _inductor_fma(a, b, c):
@@ -184,6 +210,17 @@ def _build(source: Callable, args: tuple) -> Callable[[list], Any]:
     return lambda inputs: compiled(*inputs)
 
 
+def _build_timed(source: Callable, args: tuple) -> Callable[[list], Any]:
+    start = time.perf_counter()
+    kernel = _build(source, args)
+    took = time.perf_counter() - start
+    if took > SLOW_BUILD_S:
+        emit_once(logging.WARNING, f"building a compiled CPU kernel took {took:.1f} s (an empty "
+                  "inductor cache, probably); later builds are faster, and "
+                  "TORCHQUANT_KERNELS=reference avoids them", key="slow-build")
+    return kernel
+
+
 def hot_kernel(op: str, source: Callable, args: tuple,
                hot_calls: Optional[int] = None) -> Optional[Callable[[list], Any]]:
     """The static kernel of ``source(*args)`` once this signature is hot (its ``hot_calls``-th
@@ -194,12 +231,18 @@ def hot_kernel(op: str, source: Callable, args: tuple,
     kernel = _kernels.get(key)
     if kernel is None:
         seen = _calls[key] = _calls.get(key, 0) + 1
-        if seen < (HOT_CALLS if hot_calls is None else hot_calls):
+        threshold = HOT_CALLS if hot_calls is None else hot_calls
+        first_call = _first_seen_in.setdefault(key, _model_calls)
+        if seen < threshold:
             return None
+        if (threshold > 1 and _model_calls and first_call == _model_calls
+                and seen < threshold * _SAME_CALL_FACTOR):
+            return None  # only repeated within the model call it first appeared in
         if len(_kernels) >= MAX_KERNELS:
             _kernels.clear()
             _calls.clear()
-        kernel = _kernels[key] = _build(source, args)
+            _first_seen_in.clear()
+        kernel = _kernels[key] = _build_timed(source, args)
     return kernel
 
 

@@ -147,3 +147,4 @@ from .quantize import (
 )
 from .summary import QuantizationSummary, summary
 from .distributed import observe_across_ranks, sync_observers
+from .calibration import calibrate

@@ -18,6 +18,7 @@ from torch import nn
 from .. import affine
 from ..ops import fake_quantize as ops_fake_quantize
 from ..ops._library import traced
+from ..nn._torch_names import torch_quantization_function
 from .. import dtypes as _dt
 from .observer import (
     FixedQParamsObserver,
@@ -111,6 +112,16 @@ class FakeQuantizeBase(ABC, nn.Module):
 
     def disable_observer(self) -> None:
         self.enable_observer(False)
+
+    def apply(self, fn: Callable[[nn.Module], None]) -> "FakeQuantizeBase":
+        """``nn.Module.apply``, plus torch's own ``disable_observer`` / ``enable_fake_quant`` /
+        ... (which only recognise torch's classes) switch this module as they would torch's."""
+        super().apply(fn)
+        name = torch_quantization_function(fn)
+        if name in ("disable_observer", "enable_observer", "disable_fake_quant",
+                    "enable_fake_quant"):
+            getattr(self, name)()
+        return self
 
     @classmethod
     def with_args(cls, **kwargs: Any) -> Callable[..., "FakeQuantizeBase"]:
@@ -287,8 +298,13 @@ class FusedMovingAvgObsFakeQuantize(FakeQuantize):
         else:
             cur_min, cur_max = torch.aminmax(x)
         if not bool(torch.isfinite(cur_min).all() & torch.isfinite(cur_max).all()):
-            raise ValueError(f"{type(self).__name__}: input has NaN or Inf values "
-                             f"(min {cur_min.tolist()}, max {cur_max.tolist()})")
+            kind = "NaN" if bool(torch.isnan(cur_min).any() | torch.isnan(cur_max).any()) \
+                else "Inf"
+            owner = self.__dict__.get("_torchquant_owner")
+            where = f" of module {owner!r}" if owner else ""
+            raise ValueError(f"{type(self).__name__}{where}: input has {kind} values (NaN or Inf "
+                             f"have no quantization range; min {cur_min.tolist()}, "
+                             f"max {cur_max.tolist()})")
         rank_sync = self.activation_post_process.__dict__.get("_rank_sync")
         if rank_sync is not None:  # observe_across_ranks: the batch of all ranks together
             cur_min, cur_max = rank_sync.min_max(cur_min, cur_max)

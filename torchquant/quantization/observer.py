@@ -150,6 +150,34 @@ class ObserverBase(abc.ABC, nn.Module):
     with_args = classmethod(_with_args)
     with_callable_args = classmethod(_with_callable_args)
 
+    def _label(self) -> str:
+        """This observer's class, and the module it observes once ``prepare`` has named it."""
+        owner = self.__dict__.get("_torchquant_owner")
+        return f"{type(self).__name__} of module {owner!r}" if owner else type(self).__name__
+
+    def _warn_if_huge(self, lo: Any, hi: Any) -> None:
+        """Warn once when calibration data reaches |x| >= 1e30: a range that wide leaves one
+        quantization step for everything of ordinary size (usually overflow upstream)."""
+        if self.__dict__.get("_torchquant_warned_huge"):
+            return
+        extreme = max(abs(float(lo)), abs(float(hi)))
+        if extreme >= _HUGE:
+            self.__dict__["_torchquant_warned_huge"] = True
+            warnings.warn(f"{self._label()}: the calibration data reaches {extreme:.3g} "
+                          f"(|x| >= {_HUGE:g}); the quantization range will be absurd. Check the "
+                          "input for overflow or uninitialised values", stacklevel=3)
+
+
+# Calibration values this large get a warning (see ObserverBase._warn_if_huge).
+_HUGE = 1e30
+
+
+def set_observer_owner(observer: nn.Module, name: str) -> None:
+    """Record ``name`` (the observed module) on ``observer`` and any observer inside it
+    (a fake-quant's), so that their messages say which module they belong to."""
+    for m in observer.modules():
+        m.__dict__["_torchquant_owner"] = name
+
 
 class UniformQuantizationObserverBase(ObserverBase):
     """Shared machinery of the observers that produce affine (scale, zero_point) qparams.
@@ -211,6 +239,17 @@ class UniformQuantizationObserverBase(ObserverBase):
     def _calculate_qparams(self, min_val: torch.Tensor,
                            max_val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(scale, zero_point) for per-tensor (0-d) or per-channel (1-d) min/max (SPEC §1.5)."""
+        never_observed = min_val.numel() == 0 or max_val.numel() == 0 or (
+            min_val.dim() == 0 and bool(min_val == float("inf")) and bool(max_val == float("-inf")))
+        if never_observed:
+            # torch's words, plus which module's observer it was.
+            warnings.warn(f"{self._label()}: must run observer before calling calculate_qparams. "
+                          "Returning default values.", stacklevel=3)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return affine.choose_qparams(min_val, max_val, self.quant_min, self.quant_max,
+                                             self.dtype, self.eps, self.has_customized_qrange,
+                                             self.qscheme)
         return affine.choose_qparams(min_val, max_val, self.quant_min, self.quant_max, self.dtype,
                                      self.eps, self.has_customized_qrange, self.qscheme)
 
@@ -218,9 +257,10 @@ class UniformQuantizationObserverBase(ObserverBase):
         """ValueError naming this observer and the statistic when a batch had NaN or Inf."""
         for name, value in (("min_val", min_val), ("max_val", max_val)):
             if not bool(torch.isfinite(value).all()):
-                raise ValueError(f"{type(self).__name__}: the observed {name} is not finite "
-                                 f"({value.flatten()[:8].tolist()}); the input contains NaN or "
-                                 "Inf, which has no quantization range")
+                kind = "NaN" if bool(torch.isnan(value).any()) else "Inf"
+                raise ValueError(f"{self._label()}: the observed {name} is not finite "
+                                 f"({value.flatten()[:8].tolist()}); the input contains {kind}, "
+                                 "which has no quantization range")
 
     def _reject_symmetric_reduced_quint8(self) -> None:
         """Symmetric quint8 centres on 128, which a reduced 0..127 range does not contain."""
@@ -296,8 +336,11 @@ class MinMaxObserver(UniformQuantizationObserverBase):
             x = x.to(self.min_val.dtype)
         lo, hi = torch.aminmax(x)
         lo, hi = lo.to(self.min_val.dtype), hi.to(self.max_val.dtype)
-        if not (math.isfinite(lo.item()) and math.isfinite(hi.item())):
+        lo_value, hi_value = lo.item(), hi.item()
+        if not (math.isfinite(lo_value) and math.isfinite(hi_value)):
             self._reject_non_finite(lo, hi)
+        if lo_value <= -_HUGE or hi_value >= _HUGE:
+            self._warn_if_huge(lo_value, hi_value)
         return lo, hi
 
     def forward(self, x_orig: torch.Tensor) -> torch.Tensor:
@@ -398,6 +441,8 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
             lo = hi = x.to(self.min_val.dtype)
         if not bool((torch.isfinite(lo) & torch.isfinite(hi)).all()):
             self._reject_non_finite(lo, hi)
+        if lo.numel() and not self.__dict__.get("_torchquant_warned_huge"):
+            self._warn_if_huge(lo.min().item(), hi.max().item())
         if self.min_val.numel() and self.min_val.shape != lo.shape:
             raise ValueError(f"{type(self).__name__}: input of shape {tuple(x.shape)} has "
                              f"{lo.numel()} channels along ch_axis={self.ch_axis}, but the observer "
@@ -562,15 +607,17 @@ class HistogramObserver(UniformQuantizationObserverBase):
         x_min, x_max = torch.aminmax(x)
         lo, hi = x_min.item(), x_max.item()
         if math.isnan(lo) or math.isnan(hi):
-            raise ValueError(f"{type(self).__name__}: the input contains NaN, which has no place "
+            raise ValueError(f"{self._label()}: the input contains NaN, which has no place "
                              "in a histogram")
         if math.isinf(lo) or math.isinf(hi):
-            warnings.warn(f"{type(self).__name__}: ignoring +-inf values in the input",
+            warnings.warn(f"{self._label()}: ignoring +-inf values in the input",
                           stacklevel=2)
             x = x[torch.isfinite(x)]
             if x.numel() == 0:
                 return x_orig
             x_min, x_max = torch.aminmax(x)
+        elif lo <= -_HUGE or hi >= _HUGE:
+            self._warn_if_huge(lo, hi)
         if self.min_val.item() == float("inf") or self.max_val.item() == float("-inf"):
             self._start_histogram(x, x_min, x_max)
             return x_orig
@@ -614,7 +661,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
 
     def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.min_val.item() == float("inf") and self.max_val.item() == float("-inf"):
-            warnings.warn(f"{type(self).__name__}: must run observer before calling "
+            warnings.warn(f"{self._label()}: must run observer before calling "
                           "calculate_qparams; returning scale 1.0, zero_point 0", stacklevel=2)
             device = self.min_val.device.type
             return torch.tensor([1.0], device=device), torch.tensor([0], device=device)

@@ -25,8 +25,9 @@ from ..nn.intrinsic.modules.fused import _FusedModule
 from ..nn.quantized.modules.functional_modules import FloatFunctional, QFunctional
 from . import distributed as _distributed
 from . import summary as _summary
+from ._foreign import check_no_torch_quantization_objects
 from .fake_quantize import FakeQuantizeBase
-from .observer import ObserverBase
+from .observer import ObserverBase, set_observer_owner
 from .qconfig import _assert_valid_qconfig
 from .qconfig import (QConfig, _activation_is_memoryless, default_dynamic_qconfig,
                       float16_dynamic_qconfig, float_qparams_weight_only_qconfig,
@@ -133,6 +134,7 @@ def _insert_observer(m: nn.Module, name: str, device: Optional[torch.device],
     observer = m.qconfig.activation() if special is None else special()
     if device is not None:
         observer.to(device)
+    set_observer_owner(observer, name)
     m.add_module("activation_post_process", observer)
     m._torchquant_name = name
     # prepend, as torch: the observer runs before hooks the user registered earlier, so those
@@ -154,6 +156,7 @@ def _add_observers(module: nn.Module, propagation: set, non_leaf: Optional[set],
         if type(child) in (FloatFunctional, QFunctional):
             if _needs_observation(child):
                 child.activation_post_process = child.qconfig.activation()
+                set_observer_owner(child.activation_post_process, qual)
                 if device is not None:
                     child.activation_post_process.to(device)
         elif isinstance(child, _FusedModule):
@@ -204,6 +207,7 @@ def prepare(model: nn.Module, inplace: bool = False, allow_list: Optional[set] =
     if not inplace:
         model = copy.deepcopy(model)
     propagation = allow_list if allow_list is not None else get_default_qconfig_propagation_list()
+    check_no_torch_quantization_objects(model, "prepare")
     propagate_qconfig_(model, qconfig_dict=None, prepare_custom_config_dict=custom)
     if not any(_needs_observation(m) for m in model.modules()):
         warnings.warn("None of the submodule got qconfig applied. Make sure you passed correct "
@@ -333,6 +337,7 @@ def prepare_qat(model: nn.Module, mapping: Optional[dict] = None,
         mapping = get_default_qat_module_mappings()
     if not inplace:
         model = copy.deepcopy(model)
+    check_no_torch_quantization_objects(model, "prepare_qat")
     propagate_qconfig_(model, qconfig_dict=None)
     convert(model, mapping=mapping, inplace=True, remove_qconfig=False, _record=False)
     prepare(model, observer_non_leaf_module_list=set(mapping.values()), inplace=True,
@@ -368,6 +373,7 @@ def convert(module: nn.Module, mapping: Optional[dict] = None, inplace: bool = F
     a qconfig but no observer); warns when nothing was swapped.
     """
     torch._C._log_api_usage_once("torchquant.quantization.convert")
+    check_no_torch_quantization_objects(module, "convert")
     if not inplace:
         module = copy.deepcopy(module)
     if mapping is None:
@@ -411,6 +417,8 @@ def _float_reason(m: nn.Module, mapping: dict, custom_map: dict) -> Optional[str
     if type(m) in mapping or type(m) in custom_map:
         return "no qconfig"
     if _is_leaf(m) or isinstance(m, _FusedModule):
+        if getattr(m, "qconfig", None) is None:
+            return "no qconfig"
         return f"no quantized counterpart for {type(m).__name__}"
     return None
 

@@ -13,6 +13,7 @@ from typing import Optional
 
 from torch import nn
 
+from .._log import emit
 from ..nn.intrinsic.modules.fused import _FusedModule
 from . import _pt2e_summary
 from .pt2e.export_utils import model_is_exported
@@ -31,6 +32,9 @@ _OBSERVED_PACKAGES = ("torchquant.nn.qat", "torchquant.nn.intrinsic.qat",
 _TRANSPARENT = (nn.ReLU, nn.Identity, nn.Flatten, nn.Unflatten, nn.MaxPool1d, nn.MaxPool2d,
                 nn.MaxPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
                 nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.Hardtanh, nn.Upsample)
+# Modules with no quantized form by design: staying float is what torch.ao does too.
+_FLOAT_BY_DESIGN = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+                    nn.FeatureAlphaDropout, nn.Identity, nn.Flatten, nn.Unflatten)
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,9 @@ class ModuleCoverage:
     type_name: str
     state: str  # "float", "observed" or "quantized"
     reason: Optional[str] = None
+    # For a float module: True when staying float is by design (no quantized form, or the
+    # qconfig left it float), False when the user probably wanted it quantized.
+    by_design: bool = True
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,11 @@ class QuantizationSummary:
     def float_modules(self) -> tuple[ModuleCoverage, ...]:
         return tuple(m for m in self.modules if m.state == "float")
 
+    @property
+    def unexpectedly_float(self) -> tuple[ModuleCoverage, ...]:
+        """Float modules that had a qconfig (the user asked) yet stayed float."""
+        return tuple(m for m in self.float_modules if not m.by_design)
+
     def line(self, verb: str = "quantized") -> str:
         state = "observed" if verb == "observed" else "quantized"
         done, total = self.count(state), len(self.modules)
@@ -61,12 +73,18 @@ class QuantizationSummary:
             shown = ", ".join(f"{m.name} ({m.reason or 'float'})" for m in left[:8])
             more = f", ... ({len(left) - 8} more)" if len(left) > 8 else ""
             text += f"; {len(left)} left in float: {shown}{more}"
+        wanted = self.unexpectedly_float
+        if wanted and state == "quantized":
+            names = ", ".join(m.name for m in wanted[:8])
+            text += (f"; {len(wanted)} of them had a qconfig but no quantized form ({names}): "
+                     "fuse them, map them, or set their qconfig to None")
         return text
 
     def __str__(self) -> str:
         width = max([len(m.name) for m in self.modules] + [6])
         rows = [f"{'module':<{width}}  {'type':<28} {'state':<9} reason"]
         rows += [f"{m.name:<{width}}  {m.type_name:<28} {m.state:<9} {m.reason or ''}"
+                 + ("" if m.by_design or m.state != "float" else "  <- wanted quantized?")
                  for m in self.modules]
         return "\n".join(rows + [self.line()])
 
@@ -125,13 +143,15 @@ def summary(model: nn.Module) -> QuantizationSummary:
     reasons = getattr(model, _REASONS_ATTR, {})
     entries = []
     for name, module, state in _units(model):
-        reason = None
+        reason, by_design = None, True
         if state == "float":
             reason = reasons.get(name)
             if reason is None:
                 reason = ("no qconfig" if getattr(module, "qconfig", None) is None
                           else "not converted yet")
-        entries.append(ModuleCoverage(name, type(module).__name__, state, reason))
+            by_design = (reason.startswith("no qconfig") or reason == "not converted yet"
+                         or isinstance(module, _FLOAT_BY_DESIGN))
+        entries.append(ModuleCoverage(name, type(module).__name__, state, reason, by_design))
     return QuantizationSummary(tuple(entries))
 
 
@@ -141,7 +161,10 @@ def record(model: nn.Module, stage: str, reasons: Optional[dict] = None) -> Quan
         object.__setattr__(model, _REASONS_ATTR, dict(reasons))
     report = summary(model)
     verb = "observed" if stage == "prepare" else "quantized"
-    logger.info("%s", report.line(verb))
+    # WARNING when something the user asked for stayed float, INFO otherwise; shown on stderr
+    # when logging is not configured (see torchquant._log).
+    level = logging.WARNING if stage == "convert" and report.unexpectedly_float else logging.INFO
+    emit(level, report.line(verb))
     if stage == "convert" and report.modules and report.count("quantized") == 0:
         warnings.warn(f"convert: no module was quantized ({report.line()}); check the "
                       "qconfigs and that the model was prepared", stacklevel=3)

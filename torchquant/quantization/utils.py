@@ -12,6 +12,7 @@ import torch
 from .. import dtypes as _dt
 from ..affine import calculate_qmin_qmax, check_min_max_valid, choose_qparams, validate_qmin_qmax
 from .observer import PlaceholderObserver, is_per_channel, is_per_tensor  # is_per_*: observer uses them
+from . import calibration as _calibration
 from .quant_type import QuantType
 
 __all__ = [
@@ -171,20 +172,9 @@ def _parent_name(target: str) -> tuple[str, str]:
 
 
 def progress_bar(iterable: Any, desc: str, enabled: Any = None) -> Any:
-    """``iterable`` wrapped in a tqdm bar when stderr is a terminal (``enabled=None``), always
-    (``True``) or never (``False``); ``TORCHQUANT_QUIET=1`` silences it.  Without tqdm
-    installed the iterable is returned as is."""
-    import os
-    import sys
-    if enabled is None:
-        enabled = sys.stderr.isatty() and os.environ.get("TORCHQUANT_QUIET", "") in ("", "0")
-    if not enabled:
-        return iterable
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return iterable
-    return tqdm(iterable, desc=desc, leave=False)
+    """``iterable`` wrapped in a progress bar (see :func:`.calibration.progress_bar`): on a
+    terminal (``enabled=None``), always (``True``) or never (``False``)."""
+    return _calibration.progress_bar(iterable, desc, enabled)
 
 
 class MatchAllNode:

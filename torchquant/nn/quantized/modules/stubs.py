@@ -6,10 +6,14 @@ from typing import Any, Optional
 import torch
 
 from .... import dtypes as _dt
+from ....kernels import cpu_compiled as _cpu_compiled
 from ....tensor_functions import dequantize, quantize_per_tensor
 from .utils import NotScriptable, OutputQParams
 
 __all__ = ["Quantize", "DeQuantize"]
+
+_REDUCED_FLOATS = (torch.float16, torch.bfloat16)
+_TORCH_TYPE_NAMES = {torch.float16: "Half", torch.bfloat16: "BFloat16"}
 
 
 class Quantize(OutputQParams, torch.nn.Module):
@@ -39,6 +43,12 @@ class Quantize(OutputQParams, torch.nn.Module):
         return (self.dtype,)
 
     def forward(self, X: torch.Tensor):
+        if isinstance(X, torch.Tensor) and X.dtype in _REDUCED_FLOATS:
+            # torch.ao's message and type; quantizing a rounded input would change results.
+            raise RuntimeError(f"Quantize only works on Float Tensor, got "
+                               f"{_TORCH_TYPE_NAMES[X.dtype]}")
+        if not torch.compiler.is_compiling():
+            _cpu_compiled.note_model_call()  # (a layer-repeated shape is not yet "hot")
         scale, zero_point = self._output_qparams()
         return quantize_per_tensor(X, scale, zero_point, self.dtype)
 

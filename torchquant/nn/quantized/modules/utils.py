@@ -135,6 +135,21 @@ class NotScriptable:
         raise torchscript_unsupported(f"torch.jit.script ({type(self).__name__})")
 
 
+def refuse_float_dtype_change(module: Any, fn: Any) -> None:
+    """RuntimeError when ``fn`` (what ``Module._apply`` maps over tensors) turns float32 into
+    another float dtype: a converted model computes in integers with float32 qparams."""
+    try:
+        dtype = fn(torch.zeros(1)).dtype
+    except Exception:  # not a tensor map we can probe (the real call will say what is wrong)
+        return
+    if dtype != torch.float32 and dtype.is_floating_point:
+        raise RuntimeError(
+            f"{type(module).__name__} is a quantized module: converting it to {dtype} would "
+            "round its float32 qparams and biases and silently change its outputs. Convert the "
+            "float model instead; a quantized model takes float32 input (as torch.ao's: "
+            "'Quantize only works on Float Tensor')")
+
+
 class OutputQParams(NotScriptable):
     """Mixin of the quantized modules with output qparams (``scale`` / ``zero_point``).
 
@@ -177,6 +192,13 @@ class OutputQParams(NotScriptable):
 
     def _output_qdtypes(self) -> tuple[_dt.QDType, ...]:
         return self._OUTPUT_QDTYPES
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        """``.to()`` / ``.cpu()`` as any module; a float-dtype change (``.half()``,
+        ``.bfloat16()``, ``.double()``, ``.to(torch.float16)``) raises instead of rounding the
+        float qparams and biases, which would silently change the outputs."""
+        refuse_float_dtype_change(self, fn)
+        return super()._apply(fn, recurse)  # type: ignore[misc]
 
     def _init_output_qparams(self, scale: Any, zero_point: Any, device: Any = None,
                              dtype: Any = None) -> None:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.nn import init
 
+from ...._torch_names import torch_quantization_function
 from ....qat.modules._common import require_qconfig
 
 
@@ -59,6 +60,15 @@ class _BnFoldingMixin:
         """BN uses (and keeps) its running statistics, whatever ``train()`` says later."""
         self.freeze_bn = True
         self.bn.training = False
+        return self
+
+    def apply(self, fn: Callable[[nn.Module], None]) -> "_BnFoldingMixin":
+        """``nn.Module.apply``, plus torch's own ``freeze_bn_stats`` / ``update_bn_stats``
+        (which only recognise torch's classes) act on this module as on torch's."""
+        super().apply(fn)  # type: ignore[misc]
+        name = torch_quantization_function(fn)
+        if name in ("freeze_bn_stats", "update_bn_stats"):
+            getattr(self, name)()
         return self
 
     def train(self, mode: bool = True) -> "_BnFoldingMixin":
