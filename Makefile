@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(PY) tools/demo.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 BENCH_STAMP := $(VENV)/.torchquant-bench-installed
 

@@ -105,12 +105,15 @@ def test_hot_signature_compiles_once_and_is_called_directly(big, monkeypatch):
     """A signature runs eager until its HOT_CALLS-th call, then through one static kernel."""
     from torchquant.kernels import cpu_compiled
     monkeypatch.setattr(cpu_compiled, "HOT_CALLS", 3)
+    # direct calls, outside any converted model's call (earlier tests may have counted some)
+    monkeypatch.setattr(cpu_compiled, "_model_calls", 0)
     x = big[:40000].clone()
     fn = kernels.implementations("quantize")["cpu_compiled"].fn
     args = (x, torch.tensor(50.0), torch.tensor(7.0), -128, 127, torch.int8, affine.FMA)
     key = cpu_compiled._signature("quantize", args)
     cpu_compiled._kernels.pop(key, None)
     cpu_compiled._calls.pop(key, None)
+    cpu_compiled._first_seen_in.pop(key, None)
     with kernels.reference_only():
         ref = tq.quantize_per_tensor(x, 0.02, 7, tq.qint8).int_repr()
     outs = [fn(*args) for _ in range(4)]
