@@ -115,6 +115,10 @@ def _ort_session(path: str):
     options.intra_op_num_threads = torch.get_num_threads()
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # ORT's pool threads spin after each run by default, taking a core from whatever is timed
+    # next in the interleaved rounds (seen: torchquant eager, timed after ORT, 2x slower than
+    # alone); without spinning ORT's own times are unchanged within noise.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
