@@ -13,7 +13,6 @@ import logging
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Callable
@@ -22,6 +21,7 @@ import torch
 
 import torchquant
 
+from ._files import atomic_write
 from .quantization.auto_fallback import quantize_pt2e_with_fallback
 from .quantization.pt2e import (extract_results_from_loggers, numeric_report,
                                 prepare_for_propagation_comparison)
@@ -254,18 +254,7 @@ def _atomic(path: str, write: Callable[[str], None], suffix: str = "") -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UserError(f"output folder {folder!r} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".torchquant-", suffix=suffix)
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, write, suffix)
 
 
 def _write_text(path: str, text: str) -> None:

@@ -77,7 +77,8 @@ def _is_observer(module: Any) -> bool:
     return isinstance(module, (ObserverBase, FakeQuantizeBase))
 
 
-def _new_buffer_name(gm: GraphModule, prefix: str) -> str:
+def _new_attr_name(gm: GraphModule, prefix: str) -> str:
+    """``prefix`` + the first index no attribute of ``gm`` has yet."""
     i = 0
     while hasattr(gm, f"{prefix}{i}"):
         i += 1
@@ -85,7 +86,7 @@ def _new_buffer_name(gm: GraphModule, prefix: str) -> str:
 
 
 def _get_attr_node(gm: GraphModule, prefix: str, value: torch.Tensor) -> Node:
-    name = _new_buffer_name(gm, prefix)
+    name = _new_attr_name(gm, prefix)
     gm.register_buffer(name, value)
     return gm.graph.create_node("get_attr", name, (), {})
 
@@ -603,10 +604,7 @@ def _lower_functional_weighted(gm: GraphModule, modules: dict[str, torch.nn.Modu
         return
     qlinear.set_weight_bias(w_q, None if bias is None else bias.detach())
     qlinear.scale, qlinear.zero_point = scale, zp
-    i = 0
-    while hasattr(gm, f"{node.name}_quantized_{i}"):
-        i += 1
-    module_name = f"{node.name}_quantized_{i}"
+    module_name = _new_attr_name(gm, f"{node.name}_quantized_")
     gm.add_submodule(module_name, qlinear)
     modules[module_name] = qlinear
     with gm.graph.inserting_before(node):
@@ -698,10 +696,7 @@ def _lower_dynamic_functional_linear(gm: GraphModule, modules: dict[str, torch.n
     cls = nniqd.LinearReLU if relu else nnqd.Linear
     qlinear = cls(weight.shape[1], weight.shape[0], bias is not None, dtype=dtype)
     qlinear.set_weight_bias(w_q, None if bias is None else bias.detach())
-    i = 0
-    while hasattr(gm, f"{node.name}_dynamic_{i}"):
-        i += 1
-    module_name = f"{node.name}_dynamic_{i}"
+    module_name = _new_attr_name(gm, f"{node.name}_dynamic_")
     gm.add_submodule(module_name, qlinear)
     modules[module_name] = qlinear
     tail = users[0] if relu else node

@@ -21,7 +21,6 @@ import csv
 import io
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -30,6 +29,7 @@ import torch
 from torch import nn
 from torch.fx import GraphModule, Node
 
+from ..._files import atomic_write
 from ._numeric_debugger import (extract_results_from_loggers, get_debug_handle,
                                 module_stack_to_str, prepare_for_propagation_comparison)
 
@@ -139,7 +139,7 @@ class NumericReport:
             ax.set_title(title)
             ax.legend(loc="best", fontsize=8)
             fig.tight_layout()
-            _atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
+            atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100), ".png")
         finally:
             plt.close(fig)
         return os.fspath(path)
@@ -150,24 +150,6 @@ class NumericReport:
 
 def _fmt(db: float) -> str:
     return f"{db:.1f}" if math.isfinite(db) else ("inf" if db > 0 else str(db))
-
-
-def _atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> None:
-    """Write through a temporary file in the same folder, then rename (nothing half-written)."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 class _Stats:
