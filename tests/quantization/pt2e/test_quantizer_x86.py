@@ -200,3 +200,40 @@ def test_mode_helpers():
         q.set_global(tq_x86.get_default_x86_inductor_quantization_config(is_qat=True))
     assert q.global_config is config
     assert q.set_module_name_qconfig("a", None) is q and q.module_name_qconfig == {"a": None}
+
+
+class _DeadHead(nn.Module):
+    """A live Linear + ReLU and a Linear + Tanh whose output nobody reads (the shape of a HF
+    BertModel's pooler when only ``last_hidden_state`` is used)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.pooler, self.activation = nn.Linear(8, 8), nn.Linear(8, 8), nn.Tanh()
+
+    def forward(self, x):
+        y = torch.relu(self.body(x))
+        self.activation(self.pooler(y))  # dead
+        return y
+
+
+def test_dead_linear_tanh_is_skipped_where_torchao_raises():
+    """[TQ] torchao's X86InductorQuantizer raises IndexError on a dead Linear + Tanh partition
+    (no output node); ours skips it and quantizes the rest."""
+    from torchquant.quantization.quantize_pt2e import convert_pt2e, prepare_pt2e
+    torch.manual_seed(0)
+    model, x = _DeadHead().eval(), torch.randn(4, 8)
+    theirs = torch.export.export(model, (x,)).module()
+    quantizer = ao_x86.X86InductorQuantizer().set_global(
+        ao_x86.get_default_x86_inductor_quantization_config())
+    with pytest.raises(IndexError):
+        quantizer.annotate(quantizer.transform_for_annotation(theirs))
+    ours = torch.export.export(model, (x,)).module()
+    prepared = prepare_pt2e(ours, tq_x86.X86InductorQuantizer().set_global(
+        tq_x86.get_default_x86_inductor_quantization_config()))
+    prepared(x)
+    converted = convert_pt2e(prepared)
+    names = [str(n.target) for n in converted.graph.nodes]
+    assert any("quantize_per_tensor" in name for name in names)
+    out, ref = converted(x), model(x)
+    sqnr = 20 * torch.log10(ref.norm() / (ref - out).norm())
+    assert sqnr > 20

@@ -205,6 +205,15 @@ class _CurrentQuantizationMode:
     dynamic_state: Optional[bool]
 
 
+def _live_sequential_partitions(gm: Any, partition_types: Sequence[Any]) -> list:
+    """:func:`find_sequential_partitions` without the chains that end in dead code (a partition
+    whose output nobody reads has no output node).  [TQ] torchao's quantizer raises IndexError
+    on them (e.g. the unused pooler Linear + Tanh of a HF BertModel); there is nothing to
+    quantize there, so they are skipped."""
+    return [chain for chain in find_sequential_partitions(gm, partition_types)
+            if all(p.output_nodes for p in chain)]
+
+
 def _single_output(partitions: Sequence[SourcePartition]) -> list[Node]:
     outputs = []
     for p in partitions:
@@ -405,7 +414,7 @@ class X86InductorQuantizer(Quantizer):
         return extra
 
     def _annotate_qat_conv2d_bn_binary_unary(self, gm, config, filter_fn=None) -> None:
-        for chain in find_sequential_partitions(
+        for chain in _live_sequential_partitions(
                 gm, [torch.nn.Conv2d, torch.nn.BatchNorm2d, operator.add, torch.nn.ReLU]):
             conv, bn, binary, unary = _single_output(chain)
             extra = self._binary_post_op(bn, binary)
@@ -425,7 +434,7 @@ class X86InductorQuantizer(Quantizer):
             _mark_nodes_as_annotated([n for p in chain for n in p.nodes])
 
     def _annotate_qat_conv2d_bn_binary(self, gm, config, filter_fn=None) -> None:
-        for chain in find_sequential_partitions(
+        for chain in _live_sequential_partitions(
                 gm, [torch.nn.Conv2d, torch.nn.BatchNorm2d, operator.add]):
             conv, bn, binary = _single_output(chain)
             extra = self._binary_post_op(bn, binary)
@@ -447,7 +456,7 @@ class X86InductorQuantizer(Quantizer):
         chains = []
         for unary_type in (torch.nn.ReLU, torch.nn.Hardtanh, torch.nn.Hardswish, torch.nn.ReLU6,
                            torch.nn.SiLU):
-            chains.extend(find_sequential_partitions(
+            chains.extend(_live_sequential_partitions(
                 gm, [torch.nn.Conv2d, torch.nn.BatchNorm2d, unary_type]))
         for chain in chains:
             conv, bn, unary = _single_output(chain)
@@ -465,7 +474,7 @@ class X86InductorQuantizer(Quantizer):
             _mark_nodes_as_annotated([n for p in chain for n in p.nodes])
 
     def _annotate_qat_conv2d_bn(self, gm, config, filter_fn=None) -> None:
-        for chain in find_sequential_partitions(gm, [torch.nn.Conv2d, torch.nn.BatchNorm2d]):
+        for chain in _live_sequential_partitions(gm, [torch.nn.Conv2d, torch.nn.BatchNorm2d]):
             conv, bn = _single_output(chain)
             if not _is_call_to(conv, _aten.conv2d.default):
                 continue
@@ -481,7 +490,7 @@ class X86InductorQuantizer(Quantizer):
             _mark_nodes_as_annotated([n for p in chain for n in p.nodes])
 
     def _annotate_conv2d_binary_unary(self, gm, config, filter_fn=None) -> None:
-        for chain in find_sequential_partitions(gm, [torch.nn.Conv2d, operator.add, torch.nn.ReLU]):
+        for chain in _live_sequential_partitions(gm, [torch.nn.Conv2d, operator.add, torch.nn.ReLU]):
             conv, binary, unary = _single_output(chain)
             extra = self._binary_post_op(conv, binary)
             if extra is None or not _is_call_to(conv, _aten.conv2d.default):
@@ -498,7 +507,7 @@ class X86InductorQuantizer(Quantizer):
                 _annotated=True, _is_output_of_quantized_pattern=True)
 
     def _annotate_conv2d_binary(self, gm, config, filter_fn=None) -> None:
-        for chain in find_sequential_partitions(gm, [torch.nn.Conv2d, operator.add]):
+        for chain in _live_sequential_partitions(gm, [torch.nn.Conv2d, operator.add]):
             conv, binary = _single_output(chain)
             extra = self._binary_post_op(conv, binary)
             if extra is None or not _is_call_to(conv, _aten.conv2d.default):
@@ -518,7 +527,7 @@ class X86InductorQuantizer(Quantizer):
         for pattern in ([torch.nn.Conv2d, torch.nn.ReLU], [torch.nn.Conv2d, torch.nn.Hardtanh],
                         [torch.nn.Conv2d, torch.nn.Hardswish], [torch.nn.Conv2d, torch.nn.ReLU6],
                         [torch.nn.Conv2d, torch.nn.SiLU], [torch.nn.Conv1d, torch.nn.ReLU]):
-            chains.extend(find_sequential_partitions(gm, pattern))
+            chains.extend(_live_sequential_partitions(gm, pattern))
         for chain in chains:
             conv, unary = _single_output(chain)
             if not _is_call_to(conv, _aten.conv2d.default, _aten.conv1d.default):
@@ -564,7 +573,7 @@ class X86InductorQuantizer(Quantizer):
     def _annotate_linear_unary(self, gm, config, filter_fn=None) -> None:
         chains = []
         for post_op in (torch.nn.ReLU, torch.nn.LeakyReLU, torch.nn.Tanh, torch.nn.GELU):
-            chains = chains + find_sequential_partitions(gm, [torch.nn.Linear, post_op])
+            chains = chains + _live_sequential_partitions(gm, [torch.nn.Linear, post_op])
         for chain in chains:
             if any(len(p.output_nodes) > 1 for p in chain):
                 continue
@@ -583,7 +592,7 @@ class X86InductorQuantizer(Quantizer):
     def _annotate_linear_binary_unary(self, gm, config, filter_fn=None) -> None:
         for unary_type in (torch.nn.ReLU, None):
             pattern = [torch.nn.Linear, operator.add] + ([unary_type] if unary_type else [])
-            for chain in find_sequential_partitions(gm, pattern):
+            for chain in _live_sequential_partitions(gm, pattern):
                 if any(len(p.output_nodes) > 1 for p in chain):
                     continue
                 outputs = _single_output(chain)
