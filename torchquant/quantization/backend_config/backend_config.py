@@ -6,9 +6,10 @@ says which dtypes the pattern supports (:class:`DTypeConfig`, optionally with
 for fusion / QAT / convert, which modules stand for it.  FX ``prepare_fx`` / ``convert_fx`` read
 it; everything here is plain data with dict round trips whose keys are torch's.
 
-[TQ] Quantized dtypes are stored as torchquant QDTypes (``torch.quint8`` is accepted and
-normalised); ``from_dict`` rejects unknown keys (torch ignores them silently) and a pattern
-config without any pattern.
+[TQ] Quantized dtypes are stored as torchquant QDTypes (torch's own quantized dtype objects
+are accepted, normalised by :func:`torchquant.dtypes.from_torch_quantized_dtype`);
+``from_dict`` rejects unknown keys (torch ignores them silently) and a pattern config without
+any pattern.
 """
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def _reject_unknown_keys(what: str, d: dict[str, Any], known: tuple[str, ...]) -
 
 
 def _normalize_dtype(dtype: Any) -> Any:
-    """torch's quantized dtypes (``torch.quint8`` ...) become torchquant QDTypes; plain torch
+    """torch's quantized dtype objects become torchquant QDTypes; plain torch
     dtypes (``torch.float``, ``torch.float16``, ``torch.uint8`` ...) and None stay as given."""
     qdtype = _dt.from_torch_quantized_dtype(dtype)
     return dtype if qdtype is None else qdtype
