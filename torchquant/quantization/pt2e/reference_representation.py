@@ -87,6 +87,17 @@ def _quantize_info(node: Node) -> Optional[tuple[Node, _dt.QDType, int, int]]:
     return None
 
 
+def _with_narrowing_clamp(q: Node, qdtype: _dt.QDType) -> tuple[Node, int, int]:
+    """(the last node of quantize ``q``, its qmin, qmax): ``q`` itself with its dtype's range,
+    or the clamp that narrows its codes when that is ``q``'s only user."""
+    users = list(q.users)
+    if len(users) == 1:
+        info = _quantize_info(users[0])
+        if info is not None and info[0] is q:
+            return users[0], info[2], info[3]
+    return q, qdtype.qmin, qdtype.qmax
+
+
 def _codes_of(model: GraphModule, node: Any) -> Optional[_Codes]:
     """The dtype / range of the codes ``node`` holds, None when unknown."""
     if not isinstance(node, Node):
@@ -179,12 +190,7 @@ class _Rewriter:
         qdtype = _dt.qdtype_of(q.args[3])
         if qdtype.storage_dtype != _CODES:
             return None
-        last, qmin, qmax = q, qdtype.qmin, qdtype.qmax
-        users = list(q.users)
-        if len(users) == 1:
-            info = _quantize_info(users[0])
-            if info is not None and info[0] is q:
-                last, qmin, qmax = users[0], info[2], info[3]
+        last, qmin, qmax = _with_narrowing_clamp(q, qdtype)
         return last, float(q.args[1]), int(q.args[2]), qmin, qmax
 
     def _shifted_i32(self, codes: _Codes, zero_point: int) -> Node:
@@ -310,12 +316,7 @@ class _Rewriter:
         qdtype = _dt.qdtype_of(node.args[-1])
         if qdtype.storage_dtype != _CODES:
             return False
-        last, qmin, qmax = node, qdtype.qmin, qdtype.qmax
-        users = list(node.users)
-        if len(users) == 1:
-            info = _quantize_info(users[0])
-            if info is not None and info[0] is node:
-                last, qmin, qmax = users[0], info[2], info[3]
+        last, qmin, qmax = _with_narrowing_clamp(node, qdtype)
         self.meta_source = node
         x = node.args[0]
         with self.graph.inserting_before(last):
