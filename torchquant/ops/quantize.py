@@ -51,6 +51,12 @@ def dequantize_int(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tenso
     return fn(*affine.dequantize_operands(q, scale, zero_point, axis))
 
 
+def dequantize_per_tensor_tensors(q: torch.Tensor, scale: torch.Tensor,
+                                  zero_point: torch.Tensor) -> torch.Tensor:
+    """:func:`dequantize_int` with 0-d per-tensor qparams (``axis=None``), in one step."""
+    return kernels.get("dequantize", q, per_channel=False)(q, scale, zero_point, False)
+
+
 def quantize_per_tensor_int(x: torch.Tensor, scale: float, zero_point: int,
                             qdtype: _dt.QDType) -> torch.Tensor:
     """:func:`torchquant.affine.quantize_per_tensor_int` on the fastest kernel that applies."""
