@@ -232,8 +232,8 @@ class QTensor(torch.Tensor):
         if type(self) is QTensor and self.axis is None and self.qdtype.bits >= 8:
             ints = self.int_data
             if type(ints) is torch.Tensor and not torch.compiler.is_compiling():  # plain eager
-                return ops_quantize.dequantize_per_tensor_tensors(ints, self.scale,
-                                                                  self.zero_point)
+                return ops_quantize.dequantize_per_tensor_tensors(
+                    ints, self.scale, self.zero_point, self.__dict__.get("_numbers"))
         if _traced_per_tensor(self):  # one graph node, its qparams constants
             return ops_quantize.dequantize_per_tensor(self.int_data, *self._numbers)
         return ops_quantize.dequantize_int(self._values(), self.scale, self.zero_point, self.axis)

@@ -323,3 +323,43 @@ def test_digits_forward_python_calls_stay_few():
         prof.disable()
     calls = pstats.Stats(prof).total_calls / 5
     assert calls < 400, calls
+
+
+def test_activation_tables_and_clamp_bounds_are_reused_exactly():
+    import torch.ao.nn.quantized as ao_nnq
+    from torchquant.ops import activation as ops_activation
+    x = torch.randn(2, 8, 5, 5) * 3
+    q = _q(x, 0.05, 100)
+    theirs = torch.quantize_per_tensor(x, 0.05, 100, torch.quint8)
+    hardswish = nnq.Hardswish(0.04, 90)
+    ops_activation._VALUE_TABLES.clear()
+    first = hardswish(q)
+    assert ops_activation._VALUE_TABLES  # kept
+    _same(hardswish(q), first)
+    expect = ao_nnq.Hardswish(0.04, 90)(theirs)
+    assert torch.equal(first.int_repr(), expect.int_repr())
+    relu6 = nnq.ReLU6()
+    for _ in range(2):
+        out = relu6(q)
+        assert torch.equal(out.int_repr(), ao_nnq.ReLU6()(theirs).int_repr())
+        assert out.q_scale() == 0.05 and out.q_zero_point() == 100
+    clamped = torch.clamp(q, -0.5, 1.0)
+    assert torch.equal(clamped.int_repr(), torch.clamp(theirs, -0.5, 1.0).int_repr())
+
+
+@pytest.mark.parametrize("qdtype", [tq.quint8, tq.qint8])
+def test_dequantize_8bit_eager_matches_the_formula(qdtype):
+    from torchquant import affine
+    from torchquant.ops import quantize as ops_quantize
+    values = torch.arange(qdtype.qmin, qdtype.qmax + 1).to(qdtype.storage_dtype)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        scale = float(torch.rand((), generator=gen)) * 10 ** float(torch.randint(-6, 3, (),
+                                                                                 generator=gen))
+        zero_point = int(torch.randint(qdtype.qmin, qdtype.qmax + 1, (), generator=gen))
+        expect = affine.dequantize_formula(values, torch.tensor(scale, dtype=torch.float64),
+                                           torch.tensor(zero_point), False)
+        ours = ops_quantize.dequantize_8bit_eager(values, scale, zero_point)
+        assert ours.dtype == torch.float32 and torch.equal(ours, expect)
+        q = QTensor.from_int_per_tensor(values, scale, zero_point, qdtype)
+        assert torch.equal(q.dequantize(), expect)

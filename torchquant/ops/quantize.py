@@ -52,9 +52,35 @@ def dequantize_int(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tenso
 
 
 def dequantize_per_tensor_tensors(q: torch.Tensor, scale: torch.Tensor,
-                                  zero_point: torch.Tensor) -> torch.Tensor:
-    """:func:`dequantize_int` with 0-d per-tensor qparams (``axis=None``), in one step."""
-    return kernels.get("dequantize", q, per_channel=False)(q, scale, zero_point, False)
+                                  zero_point: torch.Tensor,
+                                  numbers: Optional[tuple[float, int]] = None) -> torch.Tensor:
+    """:func:`dequantize_int` with 0-d per-tensor qparams (``axis=None``), in one step;
+    ``numbers``, the same qparams as Python numbers, lets 8-bit values take
+    :func:`dequantize_8bit_eager` where the registry chooses the eager formula."""
+    fn = kernels.get("dequantize", q, per_channel=False)
+    if numbers is not None and fn is affine.dequantize_formula and q.element_size() == 1:
+        return dequantize_8bit_eager(q, *numbers)
+    return fn(q, scale, zero_point, False)
+
+
+_DEQUANTIZE_OPERANDS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def dequantize_8bit_eager(q: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
+    """:func:`torchquant.affine.dequantize_formula` for uint8 / int8 ``q`` per tensor in two
+    kernels instead of five: ``float32(q) - zp`` (exact: small integers) through type
+    promotion, then one float32 multiply -- the same operations on the same float32 values,
+    with the float32 zero point and scale made once per qparams."""
+    key = (scale, zero_point, q.device)
+    operands = _DEQUANTIZE_OPERANDS.get(key)
+    if operands is None:
+        zp_t, scale_t = (torch.tensor(zero_point, dtype=torch.int64, device=q.device),
+                         torch.tensor(scale, dtype=torch.float64, device=q.device))
+        operands = (zp_t.to(torch.float32), scale_t.to(torch.float32))
+        if len(_DEQUANTIZE_OPERANDS) >= 256:
+            _DEQUANTIZE_OPERANDS.clear()
+        _DEQUANTIZE_OPERANDS[key] = operands
+    return torch.sub(q, operands[0]).mul_(operands[1])
 
 
 def quantize_per_tensor_int(x: torch.Tensor, scale: float, zero_point: int,
