@@ -63,7 +63,8 @@ def _value_tables(name: str, params: Sequence[float], scale: float, zero_point: 
     built from plain numbers in eager mode (never modified: the lookups only read them)."""
     key = None
     if not torch.compiler.is_compiling():
-        key = (name, tuple(params), scale, zero_point, out_scale, out_zero_point, qd, device)
+        key = (name, tuple(float(p) for p in params), scale, zero_point, out_scale,
+               out_zero_point, qd, device)
         try:
             tables = _VALUE_TABLES.get(key)
         except TypeError:  # (symbolic or tensor qparams: not kept)
@@ -279,11 +280,11 @@ def clamp(x: torch.Tensor, scale: float, zero_point: int, min_val: Optional[floa
         return torch.ops.torchquant.clamp(
             x, scale, zero_point, None if min_val is None else float(min_val),
             None if max_val is None else float(max_val), qdtype.name)
-    key = (scale, zero_point, qdtype, min_val, max_val)
-    try:
-        bounds = _CLAMP_BOUNDS.get(key)
-    except TypeError:  # (tensor bounds: not kept)
+    if not (type(min_val) in _NUMBERS and type(max_val) in _NUMBERS
+            and type(scale) is float and type(zero_point) is int):
         return _k.clamp(x, scale, zero_point, qdtype, min_val, max_val)
+    key = (scale, zero_point, qdtype, min_val, max_val)
+    bounds = _CLAMP_BOUNDS.get(key)
     if bounds is None:
         bounds = _k.clamp_bounds(scale, zero_point, qdtype, min_val, max_val)
         if len(_CLAMP_BOUNDS) >= 256:
@@ -295,3 +296,4 @@ def clamp(x: torch.Tensor, scale: float, zero_point: int, min_val: Optional[floa
 # eager clamp bounds on the integer grid per (qparams, dtype, real bounds): scalar arithmetic
 # that costs more than the clamp of a small tensor
 _CLAMP_BOUNDS: dict[tuple, tuple] = {}
+_NUMBERS = (float, int, type(None))
