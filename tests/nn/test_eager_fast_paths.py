@@ -235,13 +235,14 @@ def test_layout_fast_path_identity_and_fallbacks():
     assert torch.equal(sub.flatten().int_repr(), q.int_data.flatten())
 
 
+@pytest.mark.parametrize("shape", [(2, 5, 9, 8), (1, 16, 20, 21)])  # small: the float trip
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("args", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1),
                                   dict(kernel_size=3, stride=1, padding=1, dilation=2),
                                   dict(kernel_size=(3, 2), stride=(2, 1), ceil_mode=True),
                                   dict(kernel_size=[2, 2], stride=[2, 2])])
-def test_max_pool_plan_matches_float_reference(channels_last, args):
-    x = torch.randint(0, 256, (2, 5, 9, 8), dtype=torch.uint8)
+def test_max_pool_plan_matches_float_reference(shape, channels_last, args):
+    x = torch.randint(0, 256, shape, dtype=torch.uint8)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     q = QTensor.from_int(x, 0.1, 4, tq.quint8)
@@ -251,9 +252,18 @@ def test_max_pool_plan_matches_float_reference(channels_last, args):
         assert type(out) is QTensor and out.q_scale() == 0.1 and out.q_zero_point() == 4
         assert torch.equal(out.int_repr(), expect)
         assert out.is_contiguous(memory_format=torch.channels_last) == channels_last
+        assert out.stride() == pooling._max_pool(x, 2, *_pool_args(args)).stride()
     ints = pooling.max_pool(x, 2, args["kernel_size"], args.get("stride"), args.get("padding", 0),
                             args.get("dilation", 1), args.get("ceil_mode", False))
     assert torch.equal(ints, expect)
+
+
+def _pool_args(args):
+    def pair(v):
+        return tuple(v) if isinstance(v, (list, tuple)) else (v, v)
+    kernel = pair(args["kernel_size"])
+    return (kernel, pair(args.get("stride", kernel)), pair(args.get("padding", 0)),
+            pair(args.get("dilation", 1)), args.get("ceil_mode", False))
 
 
 def test_max_pool_plan_is_checked_once_and_still_raises():
@@ -262,6 +272,11 @@ def test_max_pool_plan_is_checked_once_and_still_raises():
         F.max_pool2d(q, 2, 2, padding=2)
     with pytest.raises(RuntimeError, match="padding"):  # no plan was kept for the bad call
         F.max_pool2d(q, 2, 2, padding=2)
+    q_cl = QTensor.from_int(torch.zeros(1, 2, 4, 4, dtype=torch.uint8).contiguous(
+        memory_format=torch.channels_last), 0.1, 0, tq.quint8)
+    for _ in range(2):  # (the small channels-last route checks as the quantized kernel)
+        with pytest.raises(RuntimeError, match="padding"):
+            F.max_pool2d(q_cl, 2, 2, padding=2)
 
 
 @pytest.mark.parametrize("relu", [False, True])
@@ -363,3 +378,28 @@ def test_dequantize_8bit_eager_matches_the_formula(qdtype):
         assert ours.dtype == torch.float32 and torch.equal(ours, expect)
         q = QTensor.from_int_per_tensor(values, scale, zero_point, qdtype)
         assert torch.equal(q.dequantize(), expect)
+
+
+@pytest.mark.parametrize("qdtype", [tq.quint8, tq.qint8])
+def test_quantize_8bit_fma_eager_matches_the_formula(qdtype):
+    from torchquant import affine
+    from torchquant.ops import quantize as ops_quantize
+    gen = torch.Generator().manual_seed(0)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-45,
+                            -1e-45, 3e38, -3e38, 0.5, -0.5, 1.5, 2.5, -2.5])
+    for _ in range(20):
+        scale = float(torch.rand((), generator=gen)) * 10 ** float(torch.randint(-4, 2, (),
+                                                                                 generator=gen))
+        zero_point = int(torch.randint(qdtype.qmin, qdtype.qmax + 1, (), generator=gen))
+        x = torch.cat([special, special * scale, (torch.arange(-300, 300) + 0.5) * scale,
+                       torch.randn(500, generator=gen) * 200 * scale])
+        scale_t, zp_t = affine.per_tensor_qparams(scale, zero_point, x.device)
+        _, inv, zp, mode = affine.quantize_operands(x, scale_t, zp_t, None, affine.FMA)
+        expect = affine.quantize_formula(x, inv, zp, qdtype.qmin, qdtype.qmax,
+                                         qdtype.storage_dtype, mode)
+        ours = ops_quantize.quantize_8bit_fma_eager(x, inv, zp, zero_point, qdtype.qmin,
+                                                    qdtype.qmax, qdtype.storage_dtype)
+        assert ours.dtype == qdtype.storage_dtype and torch.equal(ours, expect)
+        stub = nnq.Quantize(scale, zero_point, qdtype)
+        stub_scale = float(stub.scale)
+        _same(stub(x), tq.quantize_per_tensor(x, stub_scale, zero_point, qdtype))

@@ -226,8 +226,19 @@ def _separable_plan(values: torch.Tensor, ndim: int, kernel: Sequence[int],
     return plan
 
 
+def _float_pool_plan(ndim: int, kernel: Sequence[int], strides: Sequence[int],
+                     pads: Sequence[int], dilations: Sequence[int], ceil_mode: bool,
+                     dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """:func:`_max_pool_float` (no indices) with its arguments bound: the 8-bit values in
+    float32 (exact), torch's max pooling, back to ``dtype``."""
+    pool = getattr(torch, f"max_pool{ndim}d")  # what F.max_poolNd calls without indices
+    args = (list(kernel), list(strides), list(pads), list(dilations), ceil_mode)
+    return lambda values: pool(values.to(torch.float32), *args).to(dtype)
+
+
 # eager max pooling (no indices) per call signature: (input layout, pooling arguments) -> plan
 _EAGER_MAX_POOL_PLANS: dict = {}
+_SMALL_NHWC_POOL = 4096  # channels-last inputs up to this many values pool in float
 
 
 def _max_pool_float(values: torch.Tensor, ndim: int, kernel: Sequence[int],
@@ -324,9 +335,18 @@ def max_pool(values: torch.Tensor, ndim: int, kernel_size: IntOrTuple,
                                                    list(pads), list(dilations), ceil_mode)
     if key is not None:
         route = _max_pool_route(values, ndim, False)
-        if route != "float":
+        if route == "nhwc" and values.numel() <= _SMALL_NHWC_POOL:
+            # a few thousand values: torch's float kernel on the exact float copy is three
+            # ops where the separable maxima are eight (measured ~3x faster at 32x8x8)
+            _max_pool_sizes(_channels_last_view(values, ndim).shape[1:1 + ndim], ndim, kernel,
+                            strides, pads, dilations, ceil_mode)  # the quantized checks
+            plan = _float_pool_plan(ndim, kernel, strides, pads, dilations, ceil_mode,
+                                    values.dtype)
+            route = "float-small"
+        elif route != "float":
             plan = _separable_plan(values, ndim, kernel, strides, pads, dilations, ceil_mode,
                                    route == "nhwc")
+        if route != "float":
             if len(_EAGER_MAX_POOL_PLANS) >= 64:
                 _EAGER_MAX_POOL_PLANS.clear()
             _EAGER_MAX_POOL_PLANS[key] = plan

@@ -63,6 +63,18 @@ def dequantize_per_tensor_tensors(q: torch.Tensor, scale: torch.Tensor,
     return fn(q, scale, zero_point, False)
 
 
+def quantize_8bit_fma_eager(x: torch.Tensor, inv: torch.Tensor, zp: torch.Tensor,
+                            zero_point: int, qmin: int, qmax: int,
+                            storage_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`torchquant.affine.quantize_formula` (FMA mode, 8-bit storage, float32 ``x``)
+    in five kernels instead of seven, in place on its one temporary: the same fused
+    multiply-add and rounding; NaN to the zero point and infinities to the range ends (where
+    the formula's clamp puts them) with ``nan_to_num_``; the same clamp and cast."""
+    y = torch.addcmul(zp, x, inv).round_()
+    y.nan_to_num_(nan=float(zero_point), posinf=float(qmax), neginf=float(qmin))
+    return y.clamp_(qmin, qmax).to(storage_dtype)
+
+
 _DEQUANTIZE_OPERANDS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 

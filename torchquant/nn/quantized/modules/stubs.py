@@ -8,6 +8,7 @@ import torch
 from .... import dtypes as _dt
 from ....kernels import cpu_compiled as _cpu_compiled
 from .... import affine, kernels
+from ....ops import quantize as ops_quantize
 from ....qtensor import QTensor, new_qtensor, shared_qparams
 from ....tensor_functions import dequantize, quantize_per_tensor
 from .utils import NotScriptable, OutputQParams
@@ -62,7 +63,13 @@ class Quantize(OutputQParams, torch.nn.Module):
                     operands = self._quantize_operands(qparams, X.device)
                 inv, zp_f32, mode, qdtype, scale_t, zp_t = operands
                 fn = kernels.get("quantize", X, mode=mode, per_channel=False)
-                values = fn(X, inv, zp_f32, qdtype.qmin, qdtype.qmax, qdtype.storage_dtype, mode)
+                if fn is affine.quantize_formula and mode == affine.FMA and qdtype.bits == 8:
+                    values = ops_quantize.quantize_8bit_fma_eager(
+                        X, inv, zp_f32, qparams[1], qdtype.qmin, qdtype.qmax,
+                        qdtype.storage_dtype)
+                else:
+                    values = fn(X, inv, zp_f32, qdtype.qmin, qdtype.qmax, qdtype.storage_dtype,
+                                mode)
                 return new_qtensor(values, scale_t, zp_t, qdtype, None, qparams)
         scale, zero_point = self._output_qparams()
         return quantize_per_tensor(X, scale, zero_point, self.dtype)
