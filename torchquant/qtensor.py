@@ -67,6 +67,10 @@ class QTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         _refuse_jit_trace()
+        if func in _EAGER_VIEW_FUNCTIONS and args and _plain_per_tensor(args[0]):
+            out = _eager_view(func, args, kwargs)
+            if out is not NotImplemented:
+                return out
         # Only a few torch-level functions are taken here, before torch decomposes them into
         # ops that cost more (F.max_pool2d would become max_pool2d_with_indices, whose indices
         # force a float round trip); everything else goes straight on to __torch_dispatch__.
@@ -149,11 +153,9 @@ class QTensor(torch.Tensor):
         if torch.compiler.is_compiling():  # no shared cache while dynamo traces
             scale_t, zp_t = _normalise_qparams(key[0], key[1], qdtype, None, ())
             return cls(int_data, scale_t, zp_t, qdtype, numbers=key[:2])
-        qparams = _SHARED_QPARAMS.get(key)
-        if qparams is None:
-            if len(_SHARED_QPARAMS) >= 4096:
-                _SHARED_QPARAMS.clear()
-            qparams = _SHARED_QPARAMS[key] = _normalise_qparams(key[0], key[1], qdtype, None, ())
+        qparams = shared_qparams(key[0], key[1], qdtype)
+        if cls is QTensor and type(int_data) is torch.Tensor:
+            return new_qtensor(int_data, qparams[0], qparams[1], qdtype, None, key[:2])
         return cls(int_data, qparams[0], qparams[1], qdtype, numbers=key[:2])
 
     # ---- tracing / serialization --------------------------------------------------------------
@@ -227,6 +229,11 @@ class QTensor(torch.Tensor):
 
     def dequantize(self) -> torch.Tensor:  # type: ignore[override]
         _refuse_jit_trace()
+        if type(self) is QTensor and self.axis is None and self.qdtype.bits >= 8:
+            ints = self.int_data
+            if type(ints) is torch.Tensor and not torch.compiler.is_compiling():  # plain eager
+                return ops_quantize.dequantize_per_tensor_tensors(
+                    ints, self.scale, self.zero_point, self.__dict__.get("_numbers"))
         if _traced_per_tensor(self):  # one graph node, its qparams constants
             return ops_quantize.dequantize_per_tensor(self.int_data, *self._numbers)
         return ops_quantize.dequantize_int(self._values(), self.scale, self.zero_point, self.axis)
@@ -286,6 +293,8 @@ class QTensor(torch.Tensor):
             return QTensor(affine.pack_sub_byte(values, self.qdtype.bits), scale, zero_point,
                            self.qdtype, axis, tuple(values.shape))
         numbers = self.__dict__.get("_numbers") if same else None
+        if type(values) is torch.Tensor and not torch.compiler.is_compiling():
+            return new_qtensor(values, scale, zero_point, self.qdtype, axis, numbers)
         return QTensor(values, scale, zero_point, self.qdtype, axis, numbers=numbers)
 
     def __repr__(self, *, tensor_contents=None) -> str:
@@ -385,6 +394,85 @@ def _normalise_qparams(scale: Any, zero_point: Any, qdtype: QDType, axis: Option
         zp_t = zp_t.to(torch.int64)
     affine.check_zero_point(zp_t, qdtype, "zero_points")
     return scale_t.to(scale_t.device), zp_t
+
+
+def shared_qparams(scale: float, zero_point: int,
+                   qdtype: QDType) -> tuple[torch.Tensor, torch.Tensor]:
+    """The validated 0-d (scale, zero_point) tensors of these per-tensor qparams, made once and
+    shared by every QTensor that has them (qparams are never modified in place).  Raises for
+    invalid qparams, as :meth:`QTensor.from_int`."""
+    key = (scale, zero_point, qdtype)
+    qparams = _SHARED_QPARAMS.get(key)
+    if qparams is None:
+        if len(_SHARED_QPARAMS) >= 4096:
+            _SHARED_QPARAMS.clear()
+        qparams = _SHARED_QPARAMS[key] = _normalise_qparams(scale, zero_point, qdtype, None, ())
+    return qparams
+
+
+_make_wrapper_subclass = torch.Tensor._make_wrapper_subclass
+_get_tracing_state = torch._C._get_tracing_state
+
+
+def new_qtensor(int_data: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                 qdtype: QDType, axis: Optional[int] = None,
+                 numbers: Optional[tuple[float, int]] = None) -> QTensor:
+    """``QTensor(int_data, scale, zero_point, qdtype, axis, numbers=numbers)`` for 8/32-bit
+    storage in plain eager mode, in one step: no normalisation of ``qdtype`` (a QDType) and
+    no checks -- the caller's qparams are already valid and ``int_data`` has ``qdtype``'s
+    storage dtype.  (Under dynamo the class constructor is what it traces: not used there.)"""
+    if _get_tracing_state() is not None:
+        _refuse_jit_trace()
+    out = _make_wrapper_subclass(QTensor, int_data.shape, strides=int_data.stride(),
+                                 storage_offset=int_data.storage_offset(),
+                                 dtype=qdtype.storage_dtype, device=int_data.device,
+                                 requires_grad=False)
+    out.int_data = int_data
+    out.scale = scale
+    out.zero_point = zero_point
+    out.qdtype = qdtype
+    out.axis = axis
+    if numbers is not None:
+        out._numbers = numbers
+    return out
+
+
+def _plain_per_tensor(q: Any) -> bool:
+    """A per-tensor 8/32-bit QTensor over a plain tensor, outside dynamo: the eager fast
+    paths apply (not to subclasses, fake / functional integers, or while tracing)."""
+    return (type(q) is QTensor and q.axis is None and q.qdtype.bits >= 8
+            and type(q.int_data) is torch.Tensor and not torch.compiler.is_compiling())
+
+
+# Pure layout functions: on a per-tensor QTensor the same function of its integers, with the
+# same qparams.  In eager mode they run on the integers directly (no decomposition, no
+# __torch_dispatch__ round trip, no copy of the qparams).
+_EAGER_VIEW_FUNCTIONS = frozenset({
+    torch.Tensor.view, torch.Tensor.reshape, torch.reshape, torch.Tensor.flatten, torch.flatten,
+    torch.Tensor.contiguous, torch.Tensor.squeeze, torch.squeeze, torch.Tensor.unsqueeze,
+    torch.unsqueeze, torch.Tensor.permute, torch.permute, torch.Tensor.transpose,
+    torch.transpose,
+})
+
+
+def _eager_view(func: Callable, args: tuple, kwargs: Optional[dict]) -> Any:
+    """``func(q, ...)`` of :data:`_EAGER_VIEW_FUNCTIONS` on the integers of ``q = args[0]``;
+    NotImplemented where the result is not a same-dtype tensor (``view(dtype)``: the general
+    path decides)."""
+    q = args[0]
+    ints = q.int_data
+    out = func(ints, *args[1:], **(kwargs or {}))
+    if out is ints:  # a no-op (contiguous of a contiguous tensor, ...): the input itself
+        return q
+    if type(out) is not torch.Tensor or out.dtype != ints.dtype:
+        return NotImplemented
+    numbers = q.__dict__.get("_numbers")
+    if torch.is_inference_mode_enabled() and not out.is_inference():
+        # a view of a normal tensor is a normal tensor even in inference mode (torch's rule;
+        # the general path makes its wrapper the same way)
+        with torch.inference_mode(False):
+            return new_qtensor(out, q.scale, q.zero_point, q.qdtype, None, numbers)
+    return new_qtensor(out, q.scale, q.zero_point, q.qdtype, None, numbers)
 
 
 # Layout-only functions: on a per-tensor QTensor they are the same function of its integers.

@@ -80,6 +80,9 @@ class PackedConvWeight:
     # Ready-bound kernel calls per (input layout, qparams, geometry): a module's calls repeat
     # them, and the checks and argument building cost as much as a small conv (~25 us).
     plans: dict = field(default_factory=dict, repr=False)
+    # The eager modules' own per-call cache (nn.quantized Conv*: their cheap call key -> the
+    # plan and output qparams), dropped with this pack when the weight changes.
+    eager_calls: dict = field(default_factory=dict, repr=False)
 
     @property
     def spatial_dims(self) -> int:
@@ -272,6 +275,18 @@ def _plan_key(x: torch.Tensor, *call: Any) -> Optional[tuple]:
     if any(isinstance(v, torch.Tensor) for v in call):
         return None
     return key
+
+
+def cached_conv_plan(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
+                     packed: PackedConvWeight, out_scale: Scalar, out_zp: Scalar,
+                     post_op: str = "none",
+                     negative_slope: float = DEFAULT_NEGATIVE_SLOPE) -> Optional[_Plan]:
+    """The plan :func:`quantized_conv` built (and checked) for a call like this one -- the
+    packed geometry, no added ``other`` -- as ``plan(x_int, None)``; None where it has none
+    (not yet called, another kernel, tracing).  Eager modules keep it under a cheaper key."""
+    key = _plan_key(x_int, x_scale, x_zp, packed.stride, packed.padding, packed.dilation,
+                    packed.groups, out_scale, out_zp, post_op, negative_slope, 1.0, 0, None)
+    return None if key is None else packed.plans.get(key)
 
 
 def _float_conv_reference(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar,

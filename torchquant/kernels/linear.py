@@ -264,6 +264,9 @@ class PackedLinearWeight:
     symmetric: bool
     onednn_weight: Optional[torch.Tensor]
     requant_epilogues: dict = field(default_factory=dict, repr=False)
+    # The eager modules' per-call cache (nn.quantized Linear: call key -> linear_plan's plan
+    # and the output qparams), dropped with this pack when the weight changes.
+    eager_calls: dict = field(default_factory=dict, repr=False)
 
     @property
     def in_features(self) -> int:
@@ -485,6 +488,46 @@ def quantized_linear(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
     y = fn(x2d, x_scale, x_zero_point, packed, out_scale, out_zero_point, out_qdtype, epilogue,
            other)
     return y.reshape(out_shape)
+
+
+def linear_plan(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
+                packed: PackedLinearWeight, out_scale: Scalar, out_zero_point: Scalar,
+                out_dtype: Any = _dt.quint8, post_op: str = "none",
+                negative_slope: float = DEFAULT_NEGATIVE_SLOPE) -> Callable[[torch.Tensor],
+                                                                           torch.Tensor]:
+    """:func:`quantized_linear` (no added ``other``) for inputs of ``x_int``'s shape, dtype and
+    device, with its checks done and its kernel chosen once: ``plan(x) == quantized_linear(x,
+    x_scale, ...)`` for such ``x``.  The oneDNN kernel's call is bound; whether it is exact for
+    ``x`` (:func:`onednn_exact_for`) is still asked per call."""
+    op = "quantized_linear"
+    x_qdtype = activation_qdtype(x_int, op)
+    out_qdtype = output_qdtype(out_dtype, op)
+    in_features = packed.in_features
+    if x_int.dim() == 0 or x_int.size(-1) != in_features:
+        raise ValueError(f"{op}: input's last dimension must be in_features="
+                         f"{in_features}, got shape {tuple(x_int.shape)}")
+    out_shape = (*x_int.shape[:-1], packed.out_features)
+    epilogue = post_op_of(post_op, negative_slope, None, 1.0, 0, out_shape, op)
+    x_scale, x_zero_point, out_scale, out_zero_point = validated_qparams(
+        x_scale, x_zero_point, x_qdtype, out_scale, out_zero_point, out_qdtype)
+    fn = get("quantized_linear", x_int.reshape(-1, in_features), packed=packed,
+             out_qdtype=out_qdtype)
+    args = (x_scale, x_zero_point, packed, out_scale, out_zero_point, out_qdtype, epilogue, None)
+    run = lambda x2d: fn(x2d, *args)  # noqa: E731
+    if fn is _quantized_linear_onednn:
+        bound = (float(x_scale), int(x_zero_point), packed.onednn_weight, packed.channel_scale,
+                 packed.channel_zero_point, packed.bias, float(out_scale), int(out_zero_point),
+                 None, epilogue.name,
+                 [epilogue.negative_slope] if epilogue.name == "leaky_relu" else [], "")
+        qlinear = torch.ops.onednn.qlinear_pointwise.default
+
+        def run(x2d: torch.Tensor) -> torch.Tensor:  # _quantized_linear_onednn, bound
+            if onednn_exact_for(x2d):
+                return qlinear(x2d, *bound)
+            return fn(x2d, *args)
+    if x_int.dim() == 2:
+        return run
+    return lambda x: run(x.reshape(-1, in_features)).reshape(out_shape)
 
 
 @register("quantized_linear", "reference")

@@ -50,6 +50,36 @@ def _operand(x: torch.Tensor, layout: str) -> tuple[torch.Tensor, Optional[torch
     return x, None
 
 
+# 8-bit lookup tables per (activation, parameters, qparams, dtype, device): a model calls each
+# activation module with the same qparams every time, and building the two 256-entry tables
+# costs about 40 small tensor ops.
+_VALUE_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _value_tables(name: str, params: Sequence[float], scale: float, zero_point: int,
+                  vector_fn, tail_fn, out_scale: float, out_zero_point: int, qd: _dt.QDType,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`torchquant.kernels.elementwise.value_tables`, kept per call signature when
+    built from plain numbers in eager mode (never modified: the lookups only read them)."""
+    key = None
+    if not torch.compiler.is_compiling():
+        key = (name, tuple(float(p) for p in params), scale, zero_point, out_scale,
+               out_zero_point, qd, device)
+        try:
+            tables = _VALUE_TABLES.get(key)
+        except TypeError:  # (symbolic or tensor qparams: not kept)
+            key = tables = None
+        if tables is not None:
+            return tables
+    tables = _k.value_tables(scale, zero_point, vector_fn, tail_fn, out_scale, out_zero_point,
+                             qd, device)
+    if key is not None and all(type(t) is torch.Tensor for t in tables):
+        if len(_VALUE_TABLES) >= 256:
+            _VALUE_TABLES.clear()
+        _VALUE_TABLES[key] = tables
+    return tables
+
+
 def _map(x: torch.Tensor, scale: float, zero_point: int, name: str, params: Sequence[float],
          out_scale: float, out_zero_point: int, qd: _dt.QDType,
          layout: str = "suggested") -> torch.Tensor:
@@ -58,8 +88,9 @@ def _map(x: torch.Tensor, scale: float, zero_point: int, name: str, params: Sequ
     values, output_format = _operand(x, layout)
     lanes = _lanes.lane_count(qd.storage_dtype)
     if qd.bits == 8:
-        vector_table, tail_table = _k.value_tables(scale, zero_point, vector_fn, tail_fn,
-                                                   out_scale, out_zero_point, qd, x.device)
+        vector_table, tail_table = _value_tables(name, params, scale, zero_point, vector_fn,
+                                                 tail_fn, out_scale, out_zero_point, qd,
+                                                 x.device)
         return _lanes.apply([values], lambda v: _k.lookup(vector_table, v, qd.qmin),
                             lambda v: _k.lookup(tail_table, v, qd.qmin), lanes, output_format)
     return _lanes.apply(
@@ -249,4 +280,20 @@ def clamp(x: torch.Tensor, scale: float, zero_point: int, min_val: Optional[floa
         return torch.ops.torchquant.clamp(
             x, scale, zero_point, None if min_val is None else float(min_val),
             None if max_val is None else float(max_val), qdtype.name)
-    return _k.clamp(x, scale, zero_point, qdtype, min_val, max_val)
+    if not (type(min_val) in _NUMBERS and type(max_val) in _NUMBERS
+            and type(scale) is float and type(zero_point) is int):
+        return _k.clamp(x, scale, zero_point, qdtype, min_val, max_val)
+    key = (scale, zero_point, qdtype, min_val, max_val)
+    bounds = _CLAMP_BOUNDS.get(key)
+    if bounds is None:
+        bounds = _k.clamp_bounds(scale, zero_point, qdtype, min_val, max_val)
+        if len(_CLAMP_BOUNDS) >= 256:
+            _CLAMP_BOUNDS.clear()
+        _CLAMP_BOUNDS[key] = bounds
+    return torch.clamp(x, *bounds)  # (_k.clamp, its bounds kept)
+
+
+# eager clamp bounds on the integer grid per (qparams, dtype, real bounds): scalar arithmetic
+# that costs more than the clamp of a small tensor
+_CLAMP_BOUNDS: dict[tuple, tuple] = {}
+_NUMBERS = (float, int, type(None))

@@ -61,8 +61,24 @@ def _add_constants(a_s: float, a_z: int, b_s: float, b_z: int, scale: float, zer
 _ADD_PLANS: dict[tuple, Callable] = {}
 
 
+def _eager_plan(key: tuple, to_flat: Callable, from_flat: Callable, operands: list,
+                statics: tuple, compiled) -> Optional[Callable]:
+    """A dense, tail-free add on another kernel than the compiled one (small tensors, the
+    compiled kernel not yet hot, reference mode): the registry's kernel on flat views, as
+    :func:`_lanes.apply` runs it for such operands, without its layout analysis.  Once the
+    registry chooses the compiled kernel the plan drops itself, so that the next call binds
+    that one (:func:`_plan`)."""
+    def eager(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        flat_x = to_flat(x)
+        fn = kernels.get("add", flat_x)
+        if compiled is not None and fn is compiled.fn:
+            _ADD_PLANS.pop(key, None)
+        return from_flat(fn(flat_x, to_flat(y), *operands, *statics))
+    return eager
+
+
 def _plan(values_a: torch.Tensor, values_b: torch.Tensor, qd: _dt.QDType, operands: list,
-          relu: bool) -> Optional[Callable]:
+          relu: bool, key: tuple = ()) -> Optional[Callable]:
     """The add as one compiled-kernel call on flat views, where it is that (dense operands,
     no tail elements, the compiled kernel chosen and hot); else None."""
     lanes = _lanes.lane_count(qd.storage_dtype)
@@ -71,9 +87,12 @@ def _plan(values_a: torch.Tensor, values_b: torch.Tensor, qd: _dt.QDType, operan
         return None
     to_flat, from_flat = layout
     flat_a = to_flat(values_a)
-    if kernels.get("add", flat_a) is not kernels.implementations("add")["cpu_compiled"].fn:
-        return None
     statics = (qd.qmin, qd.qmax, qd.storage_dtype, relu)
+    compiled = kernels.implementations("add").get("cpu_compiled")
+    if compiled is None or kernels.get("add", flat_a) is not compiled.fn:
+        if values_a.device.type != "cpu":  # (apply takes one reshaped path there)
+            return None
+        return _eager_plan(key, to_flat, from_flat, operands, statics, compiled)
     kernel = cpu_compiled.add_kernel((flat_a, to_flat(values_b), *operands, *statics))
     if kernel is None:
         return None
@@ -113,7 +132,7 @@ def _add(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: f
     out = _lanes.apply([a, b], vector_path, tail_path, _lanes.lane_count(qd.storage_dtype),
                        _lanes.suggested_format(a))
     if key is not None and a.shape == b.shape:
-        plan = _plan(a, b, qd, operands, relu)
+        plan = _plan(a, b, qd, operands, relu, key)
         if plan is not None:
             if len(_ADD_PLANS) >= 256:
                 _ADD_PLANS.clear()

@@ -131,6 +131,14 @@ def conv(x: torch.Tensor, x_scale: float, x_zero_point: int, packed: PackedConvW
                              other_scale=other_scale, other_zero_point=other_zero_point)
 
 
+def cached_plan(x: torch.Tensor, x_scale: float, x_zero_point: int, packed: PackedConvWeight,
+                out_scale: float, out_zero_point: int, post_op: str = "none"):
+    """The bound kernel call (``plan(x, None)``) :func:`conv` made for a call like this one in
+    eager mode, or None (another kernel; :func:`torchquant.kernels.conv.cached_conv_plan`)."""
+    return _k.cached_conv_plan(x, x_scale, x_zero_point, packed, out_scale, out_zero_point,
+                               post_op)
+
+
 @torch.library.custom_op("torchquant::conv_transpose", mutates_args=())
 def _conv_transpose_op(x: torch.Tensor, x_scale: float, x_zero_point: int, weight: torch.Tensor,
                        weight_scale: torch.Tensor, weight_zero_point: torch.Tensor,

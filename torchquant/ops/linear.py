@@ -89,6 +89,15 @@ def linear(x: torch.Tensor, x_scale: float, x_zero_point: int, packed: PackedLin
                                other_zero_point=other_zero_point)
 
 
+def linear_plan(x: torch.Tensor, x_scale: float, x_zero_point: int, packed: PackedLinearWeight,
+                out_scale: float, out_zero_point: int, out_dtype: torch.dtype = torch.uint8,
+                post_op: str = "none", negative_slope: float = DEFAULT_NEGATIVE_SLOPE):
+    """:func:`linear` in eager mode for inputs like ``x`` (shape, dtype, device), checked and
+    bound once: ``plan(x_int)`` (:func:`torchquant.kernels.linear.linear_plan`)."""
+    return _k.linear_plan(x, x_scale, x_zero_point, packed, out_scale, out_zero_point,
+                          _dt.to_qdtype(out_dtype), post_op, negative_slope)
+
+
 # ---- dynamic ---------------------------------------------------------------------------------
 
 @torch.library.custom_op("torchquant::linear_dynamic", mutates_args=())

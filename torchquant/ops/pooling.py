@@ -103,7 +103,16 @@ def _max_along(x: torch.Tensor, dim: int, kernel: int, stride: int, pad: int, di
     """1-D max pooling of ``x`` along ``dim``, one ``maximum`` per kernel tap over the output
     positions where that tap lands inside the input.  Padding never wins, so no padded copy is
     needed; a window wholly in padding keeps ``lowest`` (the quantized kernel's start value)."""
-    size = x.shape[dim]
+    return _run_max_along(x, _max_along_steps(tuple(x.shape), dim, kernel, stride, pad,
+                                              dilation, out_size, lowest))
+
+
+def _max_along_steps(shape: tuple, dim: int, kernel: int, stride: int, pad: int, dilation: int,
+                     out_size: int, lowest: int) -> tuple:
+    """:func:`_max_along`'s operations for an input of ``shape``, as indices: how the output
+    starts (the max of two taps, a copy of one, or a fill) and the (output slice, input
+    slice) pairs folded into it in place."""
+    size = shape[dim]
     head = (slice(None),) * dim
     taps = []  # (first output, past the last output, input slice) of each tap inside the input
     for tap in range(kernel):
@@ -112,25 +121,37 @@ def _max_along(x: torch.Tensor, dim: int, kernel: int, stride: int, pad: int, di
         hi = min(out_size, (size - 1 - offset) // stride + 1)
         if lo < hi:
             start = lo * stride + offset
-            taps.append((lo, hi, x[head + (slice(start, start + (hi - lo - 1) * stride + 1,
-                                                    stride),)]))
+            taps.append((lo, hi, head + (slice(start, start + (hi - lo - 1) * stride + 1,
+                                                  stride),)))
     # Start from the taps that cover every output (one fused op, no fill), then fold the rest
     # in place: each pass over the data costs about as much as the op itself.
     full = [src for lo, hi, src in taps if lo == 0 and hi == out_size]
     if len(full) >= 2:
-        out = torch.maximum(full[0], full[1])
+        first: tuple = ("max", full[0], full[1])
         full = full[2:]
     elif full:
-        out = full.pop().clone()
+        first = ("clone", full.pop())
     else:
-        shape = list(x.shape)
-        shape[dim] = out_size
-        out = x.new_full(shape, lowest)
-    rest = [(0, out_size, src) for src in full]
-    rest += [(lo, hi, src) for lo, hi, src in taps if lo > 0 or hi < out_size]
-    for lo, hi, src in rest:
-        dst = out[head + (slice(lo, hi),)]
-        torch.maximum(dst, src, out=dst)
+        out_shape = list(shape)
+        out_shape[dim] = out_size
+        first = ("fill", out_shape, lowest)
+    rest = [(head + (slice(0, out_size),), src) for src in full]
+    rest += [(head + (slice(lo, hi),), src) for lo, hi, src in taps
+             if lo > 0 or hi < out_size]
+    return first, tuple(rest)
+
+
+def _run_max_along(x: torch.Tensor, steps: tuple) -> torch.Tensor:
+    first, rest = steps
+    if first[0] == "max":
+        out = torch.maximum(x[first[1]], x[first[2]])
+    elif first[0] == "clone":
+        out = x[first[1]].clone()
+    else:
+        out = x.new_full(first[1], first[2])
+    for dst_index, src_index in rest:
+        dst = out[dst_index]
+        torch.maximum(dst, x[src_index], out=dst)
     return out
 
 
@@ -172,16 +193,52 @@ def _max_pool_separable(values: torch.Tensor, ndim: int, kernel: Sequence[int],
                         ceil_mode: bool, channels_last: bool) -> torch.Tensor:
     """Separable max pooling on the NCHW memory or on the (N, *spatial, C) memory; the latter
     result stays channels-last, as torch's quantized max pooling keeps it."""
+    return _separable_plan(values, ndim, kernel, strides, pads, dilations, ceil_mode,
+                           channels_last)(values)
+
+
+def _separable_plan(values: torch.Tensor, ndim: int, kernel: Sequence[int],
+                    strides: Sequence[int], pads: Sequence[int], dilations: Sequence[int],
+                    ceil_mode: bool, channels_last: bool) -> Callable[[torch.Tensor],
+                                                                      torch.Tensor]:
+    """:func:`_max_pool_separable` for inputs of ``values``' shape and strides, checked and
+    its slices computed once: ``plan(values)``."""
     memory = _channels_last_view(values, ndim) if channels_last else values
     first = 1 if channels_last else 2  # where the spatial dims start
     sizes = _max_pool_sizes(memory.shape[first:first + ndim], ndim, kernel, strides, pads,
                             dilations, ceil_mode)
     lowest = torch.iinfo(memory.dtype).min
-    out = memory
+    shape = list(memory.shape)
+    steps = []
     for axis in reversed(range(ndim)):  # innermost spatial dim first: it shrinks the most data
-        out = _max_along(out, axis + first, kernel[axis], strides[axis], pads[axis],
-                         dilations[axis], sizes[axis], lowest)
-    return out.permute(0, ndim + 1, *range(1, ndim + 1)) if channels_last else out
+        dim = axis + first
+        steps.append(_max_along_steps(tuple(shape), dim, kernel[axis], strides[axis],
+                                      pads[axis], dilations[axis], sizes[axis], lowest))
+        shape[dim] = sizes[axis]
+    to_memory = (0, *range(2, ndim + 2), 1)
+    back = (0, ndim + 1, *range(1, ndim + 1))
+
+    def plan(values: torch.Tensor) -> torch.Tensor:
+        out = values.permute(to_memory) if channels_last else values
+        for step in steps:
+            out = _run_max_along(out, step)
+        return out.permute(back) if channels_last else out
+    return plan
+
+
+def _float_pool_plan(ndim: int, kernel: Sequence[int], strides: Sequence[int],
+                     pads: Sequence[int], dilations: Sequence[int], ceil_mode: bool,
+                     dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """:func:`_max_pool_float` (no indices) with its arguments bound: the 8-bit values in
+    float32 (exact), torch's max pooling, back to ``dtype``."""
+    pool = getattr(torch, f"max_pool{ndim}d")  # what F.max_poolNd calls without indices
+    args = (list(kernel), list(strides), list(pads), list(dilations), ceil_mode)
+    return lambda values: pool(values.to(torch.float32), *args).to(dtype)
+
+
+# eager max pooling (no indices) per call signature: (input layout, pooling arguments) -> plan
+_EAGER_MAX_POOL_PLANS: dict = {}
+_SMALL_NHWC_POOL = 4096  # channels-last inputs up to this many values pool in float
 
 
 def _max_pool_float(values: torch.Tensor, ndim: int, kernel: Sequence[int],
@@ -258,6 +315,17 @@ def max_pool(values: torch.Tensor, ndim: int, kernel_size: IntOrTuple,
     """Max over each window of the integers ``values`` (N, C, *spatial) or (C, *spatial)
     (padding never wins); with ``return_indices`` also the flat spatial index of each max.
     ``stride`` None or empty means the kernel size."""
+    key = None
+    if not return_indices and type(values) is torch.Tensor and not torch.compiler.is_compiling():
+        # eager: a call like an earlier one reruns its plan (checks and slices done)
+        key = (values.shape, values.stride(), values.dtype, values.device, ndim, kernel_size,
+               stride, padding, dilation, ceil_mode)
+        try:
+            plan = _EAGER_MAX_POOL_PLANS.get(key)
+        except TypeError:  # list arguments: not cached
+            key = plan = None
+        if plan is not None:
+            return plan(values)
     kernel = _tuple(kernel_size, ndim)
     strides = kernel if stride is None or stride == () or stride == [] else _tuple(stride, ndim)
     pads, dilations = _tuple(padding, ndim), _tuple(dilation, ndim)
@@ -265,6 +333,24 @@ def max_pool(values: torch.Tensor, ndim: int, kernel_size: IntOrTuple,
         name = f"max_pool{ndim}d_with_indices" if return_indices else f"max_pool{ndim}d"
         return getattr(torch.ops.torchquant, name)(values, list(kernel), list(strides),
                                                    list(pads), list(dilations), ceil_mode)
+    if key is not None:
+        route = _max_pool_route(values, ndim, False)
+        if route == "nhwc" and values.numel() <= _SMALL_NHWC_POOL:
+            # a few thousand values: torch's float kernel on the exact float copy is three
+            # ops where the separable maxima are eight (measured ~3x faster at 32x8x8)
+            _max_pool_sizes(_channels_last_view(values, ndim).shape[1:1 + ndim], ndim, kernel,
+                            strides, pads, dilations, ceil_mode)  # the quantized checks
+            plan = _float_pool_plan(ndim, kernel, strides, pads, dilations, ceil_mode,
+                                    values.dtype)
+            route = "float-small"
+        elif route != "float":
+            plan = _separable_plan(values, ndim, kernel, strides, pads, dilations, ceil_mode,
+                                   route == "nhwc")
+        if route != "float":
+            if len(_EAGER_MAX_POOL_PLANS) >= 64:
+                _EAGER_MAX_POOL_PLANS.clear()
+            _EAGER_MAX_POOL_PLANS[key] = plan
+            return plan(values)
     return _max_pool(values, ndim, kernel, strides, pads, dilations, ceil_mode, return_indices)
 
 

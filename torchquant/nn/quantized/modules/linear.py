@@ -14,7 +14,8 @@ import torch
 
 from .... import dtypes as _dt
 from ....ops import linear as ops_linear
-from ....qtensor import QTensor
+from ....kernels import registry as _kernel_registry
+from ....qtensor import QTensor, new_qtensor
 from ...._validation import require_quantized
 from ...intrinsic.modules import fused as _fused
 from .utils import (NotScriptable, OutputQParams, observed_output_qparams, quantize_weight,
@@ -155,6 +156,36 @@ class Linear(OutputQParams, torch.nn.Module):
         return (self._POST_OP,)
 
     def forward(self, x: QTensor) -> QTensor:
+        if type(x) is QTensor and not torch.compiler.is_compiling():
+            # Plain eager: a call like an earlier one (input shape, dtype and qparams, output
+            # qparams, post-op, kernel mode) reruns that call's checked, bound kernel.
+            ints = x.int_data
+            if type(ints) is torch.Tensor and x.axis is None and x.qdtype.bits == 8:
+                packed = self._packed_params.packed
+                key = (ints.shape, ints.dtype, ints.device, x.__dict__.get("_numbers"),
+                       *self._output_qparams(), *self._post_op_args(), _kernel_registry._MODE)
+                calls = getattr(packed, "eager_calls", None)  # (float16 weights: a tuple)
+                hit = None if calls is None else calls.get(key)
+                if hit is not None:
+                    return new_qtensor(hit[0](ints), hit[1], hit[2], x.qdtype, None, hit[3])
+                out = self._linear(x)
+                if calls is not None:
+                    self._remember_call(calls, key[:3] + (x._scale_zp(),) + key[4:], x, out)
+                return out
+        return self._linear(x)
+
+    def _remember_call(self, calls: dict, key: tuple, q: QTensor, out: QTensor) -> None:
+        """Keep the checked, bound kernel of the call :meth:`_linear` just made for ``q``
+        under ``key`` (in the packed weight's cache: a new weight drops it)."""
+        x_scale, x_zp = key[3]
+        plan = ops_linear.linear_plan(q.int_data, x_scale, x_zp, self._packed_params.packed,
+                                      key[4], key[5], q.qdtype.storage_dtype,
+                                      *self._post_op_args())
+        if len(calls) >= 16:
+            calls.clear()
+        calls[key] = (plan, out.scale, out.zero_point, out._scale_zp())
+
+    def _linear(self, x: QTensor) -> QTensor:
         q = require_quantized(x, "linear")
         scale, zero_point = self._output_qparams()
         x_scale, x_zp = q._scale_zp()

@@ -7,6 +7,9 @@ import torch
 
 from .... import dtypes as _dt
 from ....kernels import cpu_compiled as _cpu_compiled
+from .... import affine, kernels
+from ....ops import quantize as ops_quantize
+from ....qtensor import QTensor, new_qtensor, shared_qparams
 from ....tensor_functions import dequantize, quantize_per_tensor
 from .utils import NotScriptable, OutputQParams
 
@@ -49,8 +52,52 @@ class Quantize(OutputQParams, torch.nn.Module):
                                f"{_TORCH_TYPE_NAMES[X.dtype]}")
         if not torch.compiler.is_compiling():
             _cpu_compiled.note_model_call()  # (a layer-repeated shape is not yet "hot")
+            if (type(X) is torch.Tensor and X.dtype is torch.float32 and not X.requires_grad
+                    and self.dtype.bits >= 8):
+                # Plain eager, float32 in: the quantize kernel on operands made once per
+                # (qparams, device) -- what quantize_per_tensor computes, without its
+                # per-call validation and 0-d tensor construction.
+                qparams = self._output_qparams()
+                operands = self._eager_operands.get((qparams, X.device))
+                if operands is None:
+                    operands = self._quantize_operands(qparams, X.device)
+                inv, zp_f32, mode, qdtype, scale_t, zp_t = operands
+                fn = kernels.get("quantize", X, mode=mode, per_channel=False)
+                if fn is affine.quantize_formula and mode == affine.FMA and qdtype.bits == 8:
+                    values = ops_quantize.quantize_8bit_fma_eager(
+                        X, inv, zp_f32, qparams[1], qdtype.qmin, qdtype.qmax,
+                        qdtype.storage_dtype)
+                else:
+                    values = fn(X, inv, zp_f32, qdtype.qmin, qdtype.qmax, qdtype.storage_dtype,
+                                mode)
+                return new_qtensor(values, scale_t, zp_t, qdtype, None, qparams)
         scale, zero_point = self._output_qparams()
         return quantize_per_tensor(X, scale, zero_point, self.dtype)
+
+    @property
+    def _eager_operands(self) -> dict:
+        cache = self.__dict__.get("_eager_operand_cache")
+        if cache is None:
+            cache = {}
+            object.__setattr__(self, "_eager_operand_cache", cache)
+        return cache
+
+    def _quantize_operands(self, qparams: tuple[float, int], device: torch.device) -> tuple:
+        """(1/scale and zero point as the float32 tensors the formula takes, the rounding mode,
+        the qdtype, the shared 0-d qparams of the result) for these qparams on ``device``."""
+        scale, zero_point = qparams
+        qdtype = self.dtype
+        scale_t, zp_t = shared_qparams(float(scale), int(zero_point), qdtype)  # validates
+        scale_64, zp_64 = affine.per_tensor_qparams(scale, zero_point, device)
+        mode = affine.quantize_mode(qdtype, per_channel=False)
+        _, inv, zp_f32, mode = affine.quantize_operands(scale_64.new_empty(()), scale_64,
+                                                        zp_64, None, mode)
+        operands = (inv, zp_f32, mode, qdtype, scale_t.to(device), zp_t.to(device))
+        cache = self._eager_operands
+        if len(cache) >= 8:
+            cache.clear()
+        cache[(qparams, device)] = operands
+        return operands
 
     def extra_repr(self) -> str:
         return f"scale={self.scale}, zero_point={self.zero_point}, dtype={self.dtype}"
@@ -70,6 +117,8 @@ class DeQuantize(NotScriptable, torch.nn.Module):
     """Dequantizes a QTensor (or a list of them) to float32."""
 
     def forward(self, Xq: Any) -> Any:
+        if type(Xq) is QTensor:
+            return Xq.dequantize()
         return dequantize(Xq)
 
     @staticmethod
