@@ -1,0 +1,216 @@
+"""The high-bit half of the saturating-CPU split, computed from its few nonzero inputs.
+
+Where oneDNN's u8 x s8 kernels saturate int16 pairs of products (AVX2 without VNNI, see
+:func:`.linear.onednn_u8_exact_max`), an input with values above 128 runs as two exact oneDNN
+calls on ``lo = x & 127`` and ``hi = x >> 7`` whose float outputs are summed.  ``hi`` is a 0/1
+tensor, and with calibrated activations it is almost all zero: only the values the observer
+clipped exceed 127 (0.002 % - 0.02 % of each conv input of the ResNet-18-shaped benchmark).
+The second oneDNN call then costs a whole conv / GEMM for a handful of products.
+
+Here that half is computed from the ``P`` nonzero positions of ``hi`` alone: every nonzero
+input ``(n, c, s)`` adds the weight taps ``w[:, c, k]`` to the output positions it reaches
+(stride, padding, dilation and groups honoured), a scatter of ``P * K`` rows of ``C_out /
+groups`` integers.  Exactness and bit-identity with the dense split:
+
+* the integer sums are accumulated in float32 only where every partial sum is an integer below
+  2^24 in magnitude (``128 * C_in/groups * K`` bounds it), else in int32;
+* oneDNN's float output of the high half is ``float32(acc)`` times the float32 scales, in an
+  order that depends on the kernel oneDNN picks for the shape: ``acc * (s_x * s_w)`` for most,
+  ``(acc * s_x) * s_w`` for some grouped convs (``s_x = float32(128 * x_scale)``).  The order
+  is found once per weight and input shape by one probe (:func:`matching_scale_order`: a dense
+  random 0/1 input through oneDNN against exact integer sums); where neither order
+  reproduces oneDNN's bits the dense second call stays;
+* each touched output element receives that value in one float add, as the dense split's
+  ``y_lo + y_hi`` does (untouched elements add 0).
+
+Whether the sparse form pays is decided per call from the density of ``hi`` (the count of
+``x > 127`` over the input's size) against :data:`SPARSE_MAX_DENSITY`
+(:func:`high_positions`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+__all__ = ["SPARSE_MAX_DENSITY", "SCALE_ORDERS", "high_positions", "conv_tap_rows",
+           "scaled_high", "exact_sums_dtype", "matching_scale_order", "conv_correction_",
+           "linear_correction_"]
+
+# The largest fraction of inputs above 127 for which the sparse high half is used.  The sparse
+# form costs a fixed ~15 small torch ops plus a scatter of P * K rows of C_out / groups values;
+# the dense one a whole oneDNN conv / GEMM.  On the AVX2 machine of BENCHMARKS.md
+# (2026-12-03, night 2) the two cross between 1 % and 5 % for the ResNet-18 conv shapes and
+# the calibrated models sit near 0.01 %: 1 % keeps a margin on both sides.
+SPARSE_MAX_DENSITY = 0.01
+_HIGH_BIT = 127
+_F32_EXACT = 1 << 24
+
+
+def _physical(x: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    """``x`` as a contiguous tensor without copying where its layout allows (contiguous or
+    channels-last: channels moved last), and the order of ``x``'s dims in it."""
+    order = list(range(x.dim()))
+    if x.is_contiguous():
+        return x, order
+    if x.dim() > 2:
+        moved = x.movedim(1, -1)
+        if moved.is_contiguous():
+            return moved, [0, *range(2, x.dim()), 1]
+    return x.contiguous(), order
+
+
+_ROWS = 64  # high bits are searched column-wise in a [64, numel / 64] view (see below)
+
+
+def _high_flat(flat: torch.Tensor, limit: int) -> Optional[torch.Tensor]:
+    """Flat indices of the values above 127 in contiguous 1-d uint8 ``flat``, or None where
+    there are more than ``limit``.  Viewed as ``[rows, numel / rows]`` its column maxima are
+    one vectorised reduction (as fast as ``max``); only the few columns holding a high value
+    are searched element-wise (a plain ``nonzero`` of the whole input costs ~100x ``max``)."""
+    rows = math.gcd(flat.numel(), _ROWS)
+    grid = flat.view(rows, -1)
+    columns = torch.nonzero(torch.gt(grid.amax(0), _HIGH_BIT)).view(-1)
+    if columns.numel() > limit:
+        return None
+    inner = torch.nonzero(torch.gt(grid[:, columns], _HIGH_BIT))
+    if inner.size(0) > limit:
+        return None
+    return inner[:, 0] * grid.size(1) + columns[inner[:, 1]]
+
+
+def high_positions(x: torch.Tensor) -> tuple[int, Optional[torch.Tensor]]:
+    """``(top, hot)`` for uint8 ``x``: its largest value, and where that exceeds 127 and the
+    values above 127 are few enough for the sparse high half (at most
+    :data:`SPARSE_MAX_DENSITY` of ``x``) their coordinates ``[P, x.dim()]`` (int64), else
+    None.  One ``max`` where no value exceeds 127; the search works on ``x``'s memory order."""
+    physical, order = _physical(x)
+    flat = physical.view(-1)
+    if flat.numel() == 0:
+        return 0, None
+    top = int(flat.max())
+    if top <= _HIGH_BIT:
+        return top, None
+    found = _high_flat(flat, int(SPARSE_MAX_DENSITY * flat.numel()))
+    if found is None:
+        return top, None
+    coords = torch.stack(torch.unravel_index(found, physical.shape), 1)
+    return top, coords[:, [order.index(d) for d in range(x.dim())]]
+
+
+def _accumulator_dtype(fan_in: int) -> torch.dtype:
+    """float32 where every partial sum of up to ``fan_in`` int8 weights is exact in it."""
+    return torch.float32 if 128 * fan_in < _F32_EXACT else torch.int32
+
+
+def conv_tap_rows(weight: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[C_in * K, C_out / groups]``: row ``c * K + k`` holds the taps ``w[:, c, k]`` of input
+    channel ``c`` (global index) over its group's output channels, in the accumulator dtype."""
+    c_out, c_in_g = weight.shape[:2]
+    taps = math.prod(weight.shape[2:])
+    rows = weight.reshape(groups, c_out // groups, c_in_g * taps).permute(0, 2, 1)
+    return rows.reshape(groups * c_in_g * taps, c_out // groups).to(
+        _accumulator_dtype(c_in_g * taps)).contiguous()
+
+
+SCALE_ORDERS = ("joint", "sequential")
+
+
+def scaled_high(acc: torch.Tensor, x_scale: float, channel_scale: torch.Tensor,
+                order: str) -> torch.Tensor:
+    """float32 ``acc`` (integer sums of the high half) times ``128 * x_scale`` and the
+    per-output-channel weight scales (broadcast against ``acc``), rounded as oneDNN does for
+    ``order`` (one of :data:`SCALE_ORDERS`)."""
+    high = torch.tensor(float(x_scale) * 128.0, dtype=torch.float32)
+    if order == "joint":
+        return acc * (high * channel_scale.float())
+    return acc * high * channel_scale.float()
+
+
+def exact_sums_dtype(fan_in: int) -> torch.dtype:
+    """A float dtype in which a float conv / matmul of 0/1 inputs with int8 weights of this
+    fan-in gives the exact integer sums (float32 below 2^24, else float64)."""
+    return torch.float32 if _accumulator_dtype(fan_in) == torch.float32 else torch.float64
+
+
+def matching_scale_order(onednn_high: torch.Tensor, exact_sums: torch.Tensor, x_scale: float,
+                         channel_scale: torch.Tensor) -> Optional[str]:
+    """The order in which oneDNN scaled ``onednn_high`` (its float output for a 0/1 input at
+    ``128 * x_scale``, zero point 0, no bias) from the exact integer ``exact_sums``, or None
+    where no order of :data:`SCALE_ORDERS` gives its bits."""
+    acc = exact_sums.float()
+    for order in SCALE_ORDERS:
+        if torch.equal(scaled_high(acc, x_scale, channel_scale, order), onednn_high):
+            return order
+    return None
+
+
+def _scatter_rows(dest: torch.Tensor, rows: torch.Tensor, width: int,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(unique destinations, their summed rows) of ``rows[i]`` sent to ``dest[i]``."""
+    unique, inverse = torch.unique(dest, return_inverse=True)
+    acc = torch.zeros(unique.numel(), width, dtype=dtype, device=rows.device)
+    return unique, acc.index_add_(0, inverse, rows)
+
+
+def conv_correction_(y: torch.Tensor, hot: torch.Tensor, x_scale: float, order: str,
+                     tap_rows: torch.Tensor, kernel: Sequence[int],
+                     channel_scale: torch.Tensor, stride: Sequence[int],
+                     padding: Sequence[int], dilation: Sequence[int],
+                     groups: int) -> torch.Tensor:
+    """Add to the float conv output ``y`` ``[N, C_out, *O]`` (in place) the high half
+    ``conv(hi, w) * 128 * x_scale * w_scale`` (scaled in ``order``) of an input whose ``hi`` is
+    1 exactly at ``hot`` (``[P, 2 + D]`` coordinates ``(n, c, *s)``); ``tap_rows`` from
+    :func:`conv_tap_rows`."""
+    if hot.size(0) == 0:
+        return y
+    dims = len(kernel)
+    device = hot.device
+    out_sizes = torch.tensor(y.shape[2:], device=device)
+    taps = math.prod(kernel)
+    grids = torch.meshgrid(*(torch.arange(k, device=device) for k in kernel), indexing="ij")
+    offsets = torch.stack([g.reshape(-1) for g in grids], 1) * torch.tensor(dilation,
+                                                                           device=device)
+    # t = s + pad - k * dilation is stride * o where input s meets tap k at output o
+    t = hot[:, None, 2:] + torch.tensor(padding, device=device) - offsets  # [P, K, D]
+    stride_t = torch.tensor(stride, device=device)
+    out = torch.div(t, stride_t, rounding_mode="floor")
+    valid = ((t >= 0) & (t == out * stride_t) & (out < out_sizes)).all(-1)  # [P, K]
+    flat = hot[:, :1]  # n, then row-major over the output's spatial sizes
+    for d in range(dims):
+        flat = flat * y.size(2 + d) + out[:, :, d]
+    channel = hot[:, 1:2]
+    c_out_g = tap_rows.size(1)
+    c_in_g = tap_rows.size(0) // (taps * groups)
+    dest = (flat * groups + torch.div(channel, c_in_g, rounding_mode="floor"))[valid]
+    source = (channel * taps + torch.arange(taps, device=device))[valid]
+    unique, acc = _scatter_rows(dest, tap_rows[source], c_out_g, tap_rows.dtype)
+    scale = channel_scale.view(groups, c_out_g)
+    correction = scaled_high(acc.float(), x_scale,
+                             scale[0] if groups == 1 else scale[unique % groups], order)
+    grouped = y.movedim(1, -1)
+    if grouped.is_contiguous():  # oneDNN's channels-last output: one row per (n, o, group)
+        grouped.view(-1, c_out_g).index_add_(0, unique, correction)
+    else:
+        grouped = grouped.unflatten(-1, (groups, c_out_g))
+        grouped.index_put_(torch.unravel_index(unique, grouped.shape[:-1]), correction,
+                           accumulate=True)
+    return y
+
+
+def linear_correction_(y: torch.Tensor, hot: torch.Tensor, x_scale: float, order: str,
+                       weight: torch.Tensor, channel_scale: torch.Tensor) -> torch.Tensor:
+    """Add to the float ``[M, N]`` linear output ``y`` (in place) the high half
+    ``(hi @ w.T) * 128 * x_scale * w_scale`` (scaled in ``order``) of an input whose ``hi`` is
+    1 exactly at ``hot`` (``[P, 2]`` coordinates ``(m, k)``); ``weight`` is the int8 ``[N, K]``
+    weight."""
+    if hot.size(0) == 0:
+        return y
+    dtype = _accumulator_dtype(weight.size(1))
+    columns = weight.index_select(1, hot[:, 1]).t().to(dtype)  # [P, N]: w[:, k] per hot input
+    unique, acc = _scatter_rows(hot[:, 0], columns, weight.size(0), dtype)
+    correction = scaled_high(acc.float(), x_scale, channel_scale, order)
+    y.index_add_(0, unique, correction)
+    return y
+
