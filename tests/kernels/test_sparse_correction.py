@@ -50,10 +50,12 @@ def _packed_conv(dims, c_in, c_out, kernel, stride, padding, dilation, groups, p
 
 def _both_halves(x, x_scale, x_zp, packed):
     """(sparse, dense) float results of the split for ``x``."""
-    top = int(x.max())
-    hot = torch.nonzero(x > 127)
-    sparse_y = kconv._halves_float(x, top, hot, x_scale, x_zp, packed)
-    dense_y = kconv._halves_float(x, top, None, x_scale, x_zp, packed)
+    bits = sparse.high_bits(x)
+    if bits.flat is None:  # too many to list: list them anyway (threshold aside)
+        flat = torch.nonzero(sparse.memory_flat(x)[0] > 127).view(-1)
+        bits = bits._replace(flat=flat)
+    sparse_y = kconv._halves_float(x, bits, x_scale, x_zp, packed)
+    dense_y = kconv._halves_float(x, bits._replace(flat=None), x_scale, x_zp, packed)
     return sparse_y, dense_y
 
 
@@ -92,7 +94,7 @@ def test_sparse_half_equals_dense_split(geometry, density):
         packed = _packed_conv(dims, c_in, c_out, kernel, stride, padding, dilation, groups,
                               per_channel, g, bias=x_zp != 25)
         x = _input((batch, c_in) + (size,) * dims, density, g, channels_last)
-        assert kconv._sparse_scale_order(packed, x, 0.0213) in sparse.SCALE_ORDERS
+        assert kconv._sparse_plan(packed, x, 0.0213)[0] in sparse.SCALE_ORDERS
         sparse_y, dense_y = _both_halves(x, 0.0213, x_zp, packed)
         assert torch.equal(sparse_y, dense_y)
         torch.testing.assert_close(sparse_y.double(), _exact_conv(x, 0.0213, x_zp, packed),
@@ -104,8 +106,9 @@ def test_no_high_values_and_a_single_one():
     packed = _packed_conv(2, 8, 16, 3, 1, 1, 1, 1, True, g)
     x = torch.randint(0, 128, (2, 8, 6, 6), dtype=torch.uint8, generator=g)
     # none above 127: the one oneDNN call on x is the lo call of the split
-    y0 = kconv._halves_float(x, 127, None, 0.05, 3, packed)
-    assert torch.equal(y0, kconv._halves_float(x, 128, None, 0.05, 3, packed))
+    y0 = kconv._halves_float(x, sparse.HighBits(127, None, False), 0.05, 3, packed)
+    assert torch.equal(y0, kconv._halves_float(x, sparse.HighBits(128, None, False), 0.05, 3,
+                                               packed))
     for corner in ((0, 0, 0, 0), (1, 7, 5, 5), (1, 3, 0, 5)):
         x1 = x.clone()
         x1[corner] = 200
@@ -122,12 +125,12 @@ def test_float_accumulator_bound_switches_to_int32():
     packed = klinear.pack_linear_weight(w, torch.full((4,), 0.001, dtype=torch.float64),
                                         torch.zeros(4, dtype=torch.int64), 0)
     x = torch.full((2, 1 << 17), 255, dtype=torch.uint8)  # every hi set: the largest sums
-    count, hot = 2 << 17, torch.nonzero(x > 127)
+    bits = sparse.HighBits(255, torch.arange(x.numel()), False)
     y = torch.zeros(2, 4)
-    sparse.linear_correction_(y, hot, 0.01, "joint", packed.weight, packed.channel_scale)
+    sparse.linear_correction_(y, bits, 0.01, "joint", packed.weight, packed.channel_scale)
     exact = w.double().sum(1).float() * (torch.tensor(1.28, dtype=torch.float32)
                                                  * packed.channel_scale)
-    assert count == hot.size(0) and torch.equal(y, exact.expand(2, 4))
+    assert torch.equal(y, exact.expand(2, 4))
 
 
 @pytest.mark.parametrize("shape", [(1000,), (3, 5, 7, 11), (2, 16, 9, 9), (2, 4, 3, 5, 6)])
@@ -139,18 +142,20 @@ def test_high_positions_finds_every_high_value(shape, layout):
         x = x.contiguous(memory_format=_LAYOUT[x.dim() - 2])
     elif layout == "strided":
         x = x.transpose(0, -1)
-    assert sparse.high_positions(x) == (int(x.max()), None)
+    assert sparse.high_bits(x)[:2] == (int(x.max()), None)
     for count in (1, 3, 9):
         y = x.clone(memory_format=torch.preserve_format)
         picks = torch.randperm(y.numel(), generator=g)[:count]
         coords = torch.stack(torch.unravel_index(picks, y.shape), 1)
         y[coords.unbind(1)] = torch.randint(128, 256, (count,), dtype=torch.uint8, generator=g)
-        top, hot = sparse.high_positions(y)
-        assert top == int(y.max())
+        bits = sparse.high_bits(y)
+        assert bits.top == int(y.max())
+        assert bits.channels_last == (layout == "channels_last" and y.dim() in (4, 5))
         expected = torch.nonzero(y > 127)
         if count > sparse.SPARSE_MAX_DENSITY * y.numel():
-            assert hot is None
+            assert bits.flat is None
         else:
+            hot = sparse.coordinates(y.shape, bits)
             order = lambda c: sorted(map(tuple, c.tolist()))  # noqa: E731
             assert order(hot) == order(expected)
 
@@ -158,12 +163,14 @@ def test_high_positions_finds_every_high_value(shape, layout):
 def test_high_positions_threshold(monkeypatch):
     x = torch.zeros(1000, dtype=torch.uint8)
     x[:10] = 200
-    top, hot = sparse.high_positions(x)
-    assert top == 200 and hot.view(-1).tolist() == list(range(10))
+    top, flat, _ = sparse.high_bits(x)
+    assert top == 200 and sorted(flat.tolist()) == list(range(10))
     x[:11] = 128
-    assert sparse.high_positions(x) == (128, None)  # 1.1 % > SPARSE_MAX_DENSITY
+    assert sparse.high_bits(x)[:2] == (128, None)  # 1.1 % > SPARSE_MAX_DENSITY
     monkeypatch.setattr(sparse, "SPARSE_MAX_DENSITY", 0.0)
-    assert sparse.high_positions(x)[1] is None
+    x[11:] = 0
+    x[:1] = 200
+    assert sparse.high_bits(x)[1] is None
 
 
 def test_high_scale_is_onednn_output_scale():
@@ -222,6 +229,8 @@ def test_linear_split_sparse_equals_dense(density, monkeypatch):
                                             torch.randn(n, generator=g))
         x = _input((rows, k), density, g)
         assert klinear._sparse_scale_order(packed, rows, 0.017) in sparse.SCALE_ORDERS
+        if density == 0.5:
+            assert sparse.high_bits(x).flat is None
         results = []
         for limit in (1.0, 0.0):
             monkeypatch.setattr(sparse, "SPARSE_MAX_DENSITY", limit)

@@ -82,8 +82,8 @@ class PackedConvWeight:
     # Ready-bound kernel calls per (input layout, qparams, geometry): a module's calls repeat
     # them, and the checks and argument building cost as much as a small conv (~25 us).
     plans: dict = field(default_factory=dict, repr=False)
-    # The weight as rows of taps per input channel (sparse_correction.conv_tap_rows), built on
-    # the first input whose high bits are sparse.
+    # The sparse high half's tables (_sparse_plan): the weight as rows of taps per input
+    # channel, and per input shape the scaling order and scatter table.
     sparse_taps: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -365,11 +365,11 @@ def _onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedC
     float_out = (1.0, 0, torch.float32, "none", [], "")
 
     def unfused(x_int: torch.Tensor, other: Optional[torch.Tensor],
-                split: Optional[tuple[int, Optional[torch.Tensor]]]) -> torch.Tensor:
+                split: Optional[_sparse.HighBits]) -> torch.Tensor:
         if split is None:
             y = conv(x_int, *head, packed.bias, *geometry, *float_out)
         else:
-            y = _halves_float(x_int, *split, float(x_scale), int(x_zp), packed, head[2])
+            y = _halves_float(x_int, split, float(x_scale), int(x_zp), packed, head[2])
         return _channels_last(quantize_post_op(y, post_op, other, out_scale, zero_point,
                                                _dt.quint8))
 
@@ -385,45 +385,43 @@ def _onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedC
     return checked
 
 
-def _split_needed(x: torch.Tensor) -> Optional[tuple[int, Optional[torch.Tensor]]]:
+def _split_needed(x: torch.Tensor) -> Optional[_sparse.HighBits]:
     """None where one oneDNN call is exact for uint8 ``x`` on this saturating CPU (no value
-    above 128), else :func:`~.sparse_correction.high_positions` of ``x`` for
-    :func:`_halves_float` (one ``max`` when None)."""
-    top, hot = _sparse.high_positions(x)
-    return None if top <= ONEDNN_SAFE_U8_MAX else (top, hot)
+    above 128), else :func:`~.sparse_correction.high_bits` of ``x`` for :func:`_halves_float`
+    (one ``max`` when None)."""
+    bits = _sparse.high_bits(x)
+    return None if bits.top <= ONEDNN_SAFE_U8_MAX else bits
 
 
-def _halves_float(x: torch.Tensor, top: int, hot: Optional[torch.Tensor],
-                  x_scale: float, x_zp: int, packed: PackedConvWeight,
+def _halves_float(x: torch.Tensor, bits: _sparse.HighBits, x_scale: float, x_zp: int,
+                  packed: PackedConvWeight,
                   lo_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``conv(x_hat, w_hat) + bias`` in float32, exactly as oneDNN would give it without
-    saturation, for uint8 ``x`` with largest value ``top`` and its values above 127 listed in
-    ``hot`` where sparse (:func:`~.sparse_correction.high_positions`).
+    saturation, for uint8 ``x`` whose values above 127 ``bits`` locates
+    (:func:`~.sparse_correction.high_bits`).
 
     ``x = lo + 128 * hi`` with ``lo = x & 127`` and ``hi = x >> 7`` both exact for oneDNN, and
     ``(x - zp) * w = (lo - zp) * w + 128 * hi * w`` (zero padding stays zero in both): one
     float-output oneDNN conv of ``lo`` (with the bias) plus the high half, scattered from the
-    ``hot`` positions where listed, else a second oneDNN conv of ``hi``.  Both forms give the
-    same floats (tested), and with no value above 127 the one call on ``x`` is the ``lo``
-    call."""
+    listed positions where ``bits`` lists them and the scaling order is known
+    (:func:`_sparse_plan`), else a second oneDNN conv of ``hi``.  Both forms give the same
+    floats (tested); with no value above 127 the one call on ``x`` is the ``lo`` call."""
     geometry = (packed.stride, packed.padding, packed.dilation, packed.groups)
     float_out = (1.0, 0, torch.float32, "none", [], "")
     conv = torch.ops.onednn.qconv_pointwise.default
     if lo_weight is None:
         lo_weight = _sized_onednn_weight(packed, x, x_scale, x_zp)
-    split = top > 127
+    split = bits.top > 127
     y = conv(torch.bitwise_and(x, 127) if split else x, x_scale, x_zp, lo_weight,
              packed.channel_scale, packed.channel_zero_point, packed.bias, *geometry, *float_out)
     if not split:
         return y
-    order = None if hot is None else _sparse_scale_order(packed, x, x_scale)
-    if order is not None:
-        taps = packed.sparse_taps.get("rows")
-        if taps is None:
-            taps = packed.sparse_taps["rows"] = _sparse.conv_tap_rows(packed.weight,
-                                                                      packed.groups)
-        return _sparse.conv_correction_(y, hot, x_scale, order, taps, packed.weight.shape[2:],
-                                        packed.channel_scale, *geometry)
+    plan = None if bits.flat is None else _sparse_plan(packed, x, x_scale)
+    if plan is not None:
+        order, scatter = plan
+        return _sparse.conv_correction_(y, bits, packed.in_channels, x_scale, order,
+                                        packed.sparse_taps["rows"], scatter,
+                                        packed.channel_scale, packed.groups)
     hi_scale = x_scale * 128.0
     return y.add_(conv(torch.bitwise_right_shift(x, 7), hi_scale, 0,
                        _sized_onednn_weight(packed, x, hi_scale, 0), packed.channel_scale,
@@ -461,23 +459,28 @@ def quantized_conv_transpose(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
 register("quantized_conv_transpose", "reference")(_quantized_conv_reference)
 
 
-_ORDER_CACHE_SIZE = 16
+_SPARSE_CACHE_SIZE = 16
 
 
-def _sparse_scale_order(packed: PackedConvWeight, x: torch.Tensor,
-                        x_scale: float) -> Optional[str]:
-    """How oneDNN rounds the scaling of the high half for inputs like ``x``
-    (:func:`~.sparse_correction.matching_scale_order`), probed once per input shape / layout
-    and scale: a dense random 0/1 input through the dense high-half call against the exact
-    integer sums of a float conv.  None: no sparse half for such inputs."""
+def _sparse_plan(packed: PackedConvWeight, x: torch.Tensor,
+                 x_scale: float) -> Optional[tuple[str, _sparse.ConvScatter]]:
+    """The sparse high half's scaling order and scatter table for inputs like ``x``, built
+    once per input shape / layout and scale (None: no sparse half for them).
+
+    The order (:func:`~.sparse_correction.matching_scale_order`) is probed: a dense random 0/1
+    input through the dense high-half oneDNN call against the exact integer sums of a float
+    conv (exact: 0/1 inputs, int8 weights, fan-in below 2^24 / 128, else float64)."""
     key = (tuple(x.shape), x.stride(), float(x_scale))
-    if key in packed.sparse_taps:
-        return packed.sparse_taps[key]
-    if len(packed.sparse_taps) > _ORDER_CACHE_SIZE:
-        rows = packed.sparse_taps.get("rows")
-        packed.sparse_taps.clear()
+    cache = packed.sparse_taps
+    if key in cache:
+        return cache[key]
+    if len(cache) > _SPARSE_CACHE_SIZE:
+        rows = cache.get("rows")
+        cache.clear()
         if rows is not None:
-            packed.sparse_taps["rows"] = rows
+            cache["rows"] = rows
+    if "rows" not in cache:
+        cache["rows"] = _sparse.conv_tap_rows(packed.weight, packed.groups)
     generator = torch.Generator(device=x.device).manual_seed(0)
     probe = torch.empty_like(x).copy_(torch.randint(0, 2, x.shape, generator=generator,
                                                     dtype=torch.uint8, device=x.device))
@@ -491,8 +494,13 @@ def _sparse_scale_order(packed: PackedConvWeight, x: torch.Tensor,
     sums = _FLOAT_CONV[packed.spatial_dims](probe.to(dtype), packed.weight.to(dtype), None,
                                            *geometry)
     scale = packed.channel_scale.view((1, -1) + (1,) * packed.spatial_dims)
-    order = packed.sparse_taps[key] = _sparse.matching_scale_order(high, sums, x_scale, scale)
-    return order
+    order = _sparse.matching_scale_order(high, sums, x_scale, scale)
+    plan = None
+    if order is not None:
+        plan = (order, _sparse.conv_scatter(x.shape[2:], high.shape[2:], packed.weight.shape[2:],
+                                            packed.stride, packed.padding, packed.dilation))
+    cache[key] = plan
+    return plan
 
 
 def conv_exact_float(x: torch.Tensor, x_scale: float, x_zp: int,
@@ -506,4 +514,4 @@ def conv_exact_float(x: torch.Tensor, x_scale: float, x_zp: int,
     floats are those of always splitting (the ``hi`` half of an input below 128 is zero)."""
     if packed.onednn_weight is None or packed.transposed:
         raise ValueError("conv_exact_float needs a oneDNN-packed (non-transposed) conv weight")
-    return _halves_float(x, *_sparse.high_positions(x), float(x_scale), int(x_zp), packed)
+    return _halves_float(x, _sparse.high_bits(x), float(x_scale), int(x_zp), packed)

@@ -562,17 +562,18 @@ def onednn_split_linear(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
     entries' weight columns scattered where it is sparse
     (:mod:`.sparse_correction`, the same floats), nothing where it is zero (vs the exact but
     unvectorised ``_int_mm`` on such CPUs)."""
-    top, hot = sparse_correction.high_positions(x)
-    split = top > 127
+    bits = sparse_correction.high_bits(x)
+    split = bits.top > 127
     y = torch.ops.onednn.qlinear_pointwise(
         torch.bitwise_and(x, 127) if split else x, float(x_scale), int(x_zp),
         packed.onednn_weight, packed.channel_scale, packed.channel_zero_point,
         packed.bias if with_bias else None, 1.0, 0, torch.float32, "none", [], "")
     if not split:
         return y
-    order = None if hot is None else _sparse_scale_order(packed, x.size(0), float(x_scale))
+    order = (None if bits.flat is None
+             else _sparse_scale_order(packed, x.size(0), float(x_scale)))
     if order is not None:
-        return sparse_correction.linear_correction_(y, hot, float(x_scale), order,
+        return sparse_correction.linear_correction_(y, bits, float(x_scale), order,
                                                     packed.weight, packed.channel_scale)
     return y.add_(torch.ops.onednn.qlinear_pointwise(
         torch.bitwise_right_shift(x, 7), float(x_scale) * 128.0, 0, packed.onednn_weight,

@@ -30,12 +30,12 @@ Whether the sparse form pays is decided per call from the density of ``hi`` (the
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-__all__ = ["SPARSE_MAX_DENSITY", "SCALE_ORDERS", "high_positions", "conv_tap_rows",
-           "scaled_high", "exact_sums_dtype", "matching_scale_order", "conv_correction_",
+__all__ = ["SPARSE_MAX_DENSITY", "SCALE_ORDERS", "HighBits", "memory_flat", "high_bits", "coordinates",
+           "conv_tap_rows", "ConvScatter", "conv_scatter", "scaled_high", "exact_sums_dtype", "matching_scale_order", "conv_correction_",
            "linear_correction_"]
 
 # The largest fraction of inputs above 127 for which the sparse high half is used.  The sparse
@@ -48,17 +48,13 @@ _HIGH_BIT = 127
 _F32_EXACT = 1 << 24
 
 
-def _physical(x: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
-    """``x`` as a contiguous tensor without copying where its layout allows (contiguous or
-    channels-last: channels moved last), and the order of ``x``'s dims in it."""
-    order = list(range(x.dim()))
-    if x.is_contiguous():
-        return x, order
-    if x.dim() > 2:
-        moved = x.movedim(1, -1)
-        if moved.is_contiguous():
-            return moved, [0, *range(2, x.dim()), 1]
-    return x.contiguous(), order
+class HighBits(NamedTuple):
+    """Where a uint8 tensor's values above 127 are (:func:`high_bits`)."""
+
+    top: int  # the largest value
+    # their indices in the tensor's memory order, or None: none above 127, or too many
+    flat: Optional[torch.Tensor]
+    channels_last: bool  # memory order [N, *spatial, C] (else the logical order)
 
 
 _ROWS = 64  # high bits are searched column-wise in a [64, numel / 64] view (see below)
@@ -80,23 +76,41 @@ def _high_flat(flat: torch.Tensor, limit: int) -> Optional[torch.Tensor]:
     return inner[:, 0] * grid.size(1) + columns[inner[:, 1]]
 
 
-def high_positions(x: torch.Tensor) -> tuple[int, Optional[torch.Tensor]]:
-    """``(top, hot)`` for uint8 ``x``: its largest value, and where that exceeds 127 and the
-    values above 127 are few enough for the sparse high half (at most
-    :data:`SPARSE_MAX_DENSITY` of ``x``) their coordinates ``[P, x.dim()]`` (int64), else
-    None.  One ``max`` where no value exceeds 127; the search works on ``x``'s memory order."""
-    physical, order = _physical(x)
-    flat = physical.view(-1)
+def memory_flat(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``x`` as a 1-d tensor in its memory order (a view where ``x`` is contiguous or
+    channels-last, else a contiguous copy), and whether that order is channels-last."""
+    if x.is_contiguous():
+        return x.view(-1), False
+    if x.dim() > 2:
+        moved = x.movedim(1, -1)
+        if moved.is_contiguous():
+            return moved.view(-1), True
+    return x.contiguous().view(-1), False
+
+
+def high_bits(x: torch.Tensor) -> HighBits:
+    """The largest value of uint8 ``x`` and, where it exceeds 127 and the values above 127
+    are few enough for the sparse high half (at most :data:`SPARSE_MAX_DENSITY` of ``x``),
+    their flat indices in ``x``'s memory order (contiguous, or channels-last for a
+    channels-last ``x``; other layouts are searched in a contiguous copy).  One ``max`` where
+    no value exceeds 127."""
+    flat, channels_last = memory_flat(x)
     if flat.numel() == 0:
-        return 0, None
+        return HighBits(0, None, channels_last)
     top = int(flat.max())
     if top <= _HIGH_BIT:
-        return top, None
-    found = _high_flat(flat, int(SPARSE_MAX_DENSITY * flat.numel()))
-    if found is None:
-        return top, None
-    coords = torch.stack(torch.unravel_index(found, physical.shape), 1)
-    return top, coords[:, [order.index(d) for d in range(x.dim())]]
+        return HighBits(top, None, channels_last)
+    return HighBits(top, _high_flat(flat, int(SPARSE_MAX_DENSITY * flat.numel())),
+                    channels_last)
+
+
+def coordinates(shape: Sequence[int], bits: HighBits) -> torch.Tensor:
+    """``[P, len(shape)]`` logical coordinates of the flat indices in ``bits`` (listed)."""
+    if bits.channels_last:
+        physical = [shape[0], *shape[2:], shape[1]]
+        coords = torch.stack(torch.unravel_index(bits.flat, physical), 1)
+        return coords[:, [0, len(shape) - 1, *range(1, len(shape) - 1)]]
+    return torch.stack(torch.unravel_index(bits.flat, tuple(shape)), 1)
 
 
 def _accumulator_dtype(fan_in: int) -> torch.dtype:
@@ -105,13 +119,44 @@ def _accumulator_dtype(fan_in: int) -> torch.dtype:
 
 
 def conv_tap_rows(weight: torch.Tensor, groups: int) -> torch.Tensor:
-    """``[C_in * K, C_out / groups]``: row ``c * K + k`` holds the taps ``w[:, c, k]`` of input
-    channel ``c`` (global index) over its group's output channels, in the accumulator dtype."""
+    """``[C_in * K + 1, C_out / groups]``: row ``c * K + k`` holds the taps ``w[:, c, k]`` of
+    input channel ``c`` (global index) over its group's output channels, in the accumulator
+    dtype; the last row is zero (where taps that reach no output are sent)."""
     c_out, c_in_g = weight.shape[:2]
     taps = math.prod(weight.shape[2:])
     rows = weight.reshape(groups, c_out // groups, c_in_g * taps).permute(0, 2, 1)
-    return rows.reshape(groups * c_in_g * taps, c_out // groups).to(
-        _accumulator_dtype(c_in_g * taps)).contiguous()
+    rows = rows.reshape(groups * c_in_g * taps, c_out // groups)
+    rows = torch.cat([rows, rows.new_zeros(1, rows.size(1))])
+    return rows.to(_accumulator_dtype(c_in_g * taps)).contiguous()
+
+
+class ConvScatter(NamedTuple):
+    """Where each input position's taps land, for one conv geometry and input size."""
+
+    out_row: torch.Tensor  # [S_in, K]: output spatial row (row-major) of input s via tap k
+    reaches: torch.Tensor  # [S_in, K] bool: tap k of input s reaches an output (else row 0)
+    taps: torch.Tensor  # arange(K)
+    out_size: int  # S_out
+
+
+def conv_scatter(in_spatial: Sequence[int], out_spatial: Sequence[int], kernel: Sequence[int],
+                 stride: Sequence[int], padding: Sequence[int],
+                 dilation: Sequence[int]) -> ConvScatter:
+    """The :class:`ConvScatter` of a conv geometry: input ``s`` meets tap ``k`` at output
+    ``o`` where ``s + padding - k * dilation == o * stride``."""
+    grids = torch.meshgrid(*(torch.arange(k) for k in kernel), indexing="ij")
+    offsets = torch.stack([g.reshape(-1) for g in grids], 1) * torch.tensor(dilation)  # [K, D]
+    grids = torch.meshgrid(*(torch.arange(n) for n in in_spatial), indexing="ij")
+    positions = torch.stack([g.reshape(-1) for g in grids], 1)  # [S_in, D]
+    t = positions[:, None, :] + torch.tensor(padding) - offsets  # [S_in, K, D]
+    stride_t = torch.tensor(stride)
+    out = torch.div(t, stride_t, rounding_mode="floor")
+    reaches = ((t >= 0) & (t == out * stride_t) & (out < torch.tensor(out_spatial))).all(-1)
+    row = torch.zeros(reaches.shape, dtype=torch.int64)
+    for d, size in enumerate(out_spatial):
+        row = row * size + out[:, :, d]
+    return ConvScatter(torch.where(reaches, row, 0), reaches, torch.arange(len(offsets)),
+                       math.prod(out_spatial))
 
 
 SCALE_ORDERS = ("joint", "sequential")
@@ -154,38 +199,36 @@ def _scatter_rows(dest: torch.Tensor, rows: torch.Tensor, width: int,
     return unique, acc.index_add_(0, inverse, rows)
 
 
-def conv_correction_(y: torch.Tensor, hot: torch.Tensor, x_scale: float, order: str,
-                     tap_rows: torch.Tensor, kernel: Sequence[int],
-                     channel_scale: torch.Tensor, stride: Sequence[int],
-                     padding: Sequence[int], dilation: Sequence[int],
-                     groups: int) -> torch.Tensor:
+def conv_correction_(y: torch.Tensor, bits: HighBits, in_channels: int, x_scale: float,
+                     order: str, tap_rows: torch.Tensor, scatter: ConvScatter,
+                     channel_scale: torch.Tensor, groups: int) -> torch.Tensor:
     """Add to the float conv output ``y`` ``[N, C_out, *O]`` (in place) the high half
-    ``conv(hi, w) * 128 * x_scale * w_scale`` (scaled in ``order``) of an input whose ``hi`` is
-    1 exactly at ``hot`` (``[P, 2 + D]`` coordinates ``(n, c, *s)``); ``tap_rows`` from
-    :func:`conv_tap_rows`."""
-    if hot.size(0) == 0:
+    ``conv(hi, w) * 128 * x_scale * w_scale`` (scaled in ``order``) of an input whose ``hi``
+    is 1 exactly at the listed ``bits``; ``tap_rows`` from :func:`conv_tap_rows`, ``scatter``
+    from :func:`conv_scatter`.  Taps that reach no output add the zero row to row 0."""
+    flat = bits.flat
+    if flat.numel() == 0:
         return y
-    dims = len(kernel)
-    device = hot.device
-    out_sizes = torch.tensor(y.shape[2:], device=device)
-    taps = math.prod(kernel)
-    grids = torch.meshgrid(*(torch.arange(k, device=device) for k in kernel), indexing="ij")
-    offsets = torch.stack([g.reshape(-1) for g in grids], 1) * torch.tensor(dilation,
-                                                                           device=device)
-    # t = s + pad - k * dilation is stride * o where input s meets tap k at output o
-    t = hot[:, None, 2:] + torch.tensor(padding, device=device) - offsets  # [P, K, D]
-    stride_t = torch.tensor(stride, device=device)
-    out = torch.div(t, stride_t, rounding_mode="floor")
-    valid = ((t >= 0) & (t == out * stride_t) & (out < out_sizes)).all(-1)  # [P, K]
-    flat = hot[:, :1]  # n, then row-major over the output's spatial sizes
-    for d in range(dims):
-        flat = flat * y.size(2 + d) + out[:, :, d]
-    channel = hot[:, 1:2]
+    in_size, taps = scatter.out_row.shape
+    if bits.channels_last:  # [N, *S, C]
+        pixel = torch.div(flat, in_channels, rounding_mode="floor")
+        channel = flat - pixel * in_channels
+        batch = torch.div(pixel, in_size, rounding_mode="floor")
+        position = pixel - batch * in_size
+    else:  # [N, C, *S]
+        plane = torch.div(flat, in_size, rounding_mode="floor")
+        position = flat - plane * in_size
+        batch = torch.div(plane, in_channels, rounding_mode="floor")
+        channel = plane - batch * in_channels
+    dest = scatter.out_row[position] + (batch * scatter.out_size)[:, None]  # [P, K]
     c_out_g = tap_rows.size(1)
-    c_in_g = tap_rows.size(0) // (taps * groups)
-    dest = (flat * groups + torch.div(channel, c_in_g, rounding_mode="floor"))[valid]
-    source = (channel * taps + torch.arange(taps, device=device))[valid]
-    unique, acc = _scatter_rows(dest, tap_rows[source], c_out_g, tap_rows.dtype)
+    if groups > 1:
+        group = torch.div(channel, in_channels // groups, rounding_mode="floor")
+        dest = dest * groups + group[:, None]
+    source = torch.where(scatter.reaches[position], channel[:, None] * taps + scatter.taps,
+                         tap_rows.size(0) - 1)
+    unique, acc = _scatter_rows(dest.view(-1), tap_rows[source.view(-1)], c_out_g,
+                                tap_rows.dtype)
     scale = channel_scale.view(groups, c_out_g)
     correction = scaled_high(acc.float(), x_scale,
                              scale[0] if groups == 1 else scale[unique % groups], order)
@@ -199,17 +242,20 @@ def conv_correction_(y: torch.Tensor, hot: torch.Tensor, x_scale: float, order: 
     return y
 
 
-def linear_correction_(y: torch.Tensor, hot: torch.Tensor, x_scale: float, order: str,
+def linear_correction_(y: torch.Tensor, bits: HighBits, x_scale: float, order: str,
                        weight: torch.Tensor, channel_scale: torch.Tensor) -> torch.Tensor:
     """Add to the float ``[M, N]`` linear output ``y`` (in place) the high half
-    ``(hi @ w.T) * 128 * x_scale * w_scale`` (scaled in ``order``) of an input whose ``hi`` is
-    1 exactly at ``hot`` (``[P, 2]`` coordinates ``(m, k)``); ``weight`` is the int8 ``[N, K]``
+    ``(hi @ w.T) * 128 * x_scale * w_scale`` (scaled in ``order``) of a contiguous ``[M, K]``
+    input whose ``hi`` is 1 exactly at the listed ``bits``; ``weight`` is the int8 ``[N, K]``
     weight."""
-    if hot.size(0) == 0:
+    flat = bits.flat
+    if flat.numel() == 0:
         return y
-    dtype = _accumulator_dtype(weight.size(1))
-    columns = weight.index_select(1, hot[:, 1]).t().to(dtype)  # [P, N]: w[:, k] per hot input
-    unique, acc = _scatter_rows(hot[:, 0], columns, weight.size(0), dtype)
+    k = weight.size(1)
+    row = torch.div(flat, k, rounding_mode="floor")
+    dtype = _accumulator_dtype(k)
+    columns = weight.index_select(1, flat - row * k).t().to(dtype)  # [P, N]: w[:, k] each
+    unique, acc = _scatter_rows(row, columns, weight.size(0), dtype)
     correction = scaled_high(acc.float(), x_scale, channel_scale, order)
     y.index_add_(0, unique, correction)
     return y
