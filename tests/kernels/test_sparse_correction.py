@@ -19,6 +19,12 @@ from torchquant.kernels.linear import PostOp
 pytestmark = pytest.mark.skipif(klinear.onednn_u8_exact_max() < 0, reason="no usable oneDNN")
 
 _FLOAT_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+
+@pytest.fixture(autouse=True)
+def _sparse_at_any_size(monkeypatch):
+    """The shapes here are small: the sparse half applies whatever a call's size."""
+    monkeypatch.setattr(sparse, "SPARSE_MIN_MACS", 0)
 _LAYOUT = {2: torch.channels_last, 3: torch.channels_last_3d}
 
 
@@ -242,3 +248,14 @@ def test_linear_split_sparse_equals_dense(density, monkeypatch):
         out = klinear._quantized_linear_onednn(x, 0.017, 9, packed, 0.3, 70,
                                                klinear._dt.quint8, PostOp(), None)
         assert out.dtype == torch.uint8
+
+
+def test_small_convs_keep_the_dense_call(monkeypatch):
+    monkeypatch.setattr(sparse, "SPARSE_MIN_MACS", 1 << 24)
+    g = torch.Generator().manual_seed(6)
+    small = _packed_conv(2, 16, 16, 1, 2, 0, 1, 1, True, g)
+    x = _input((1, 16, 56, 56), 0.001, g, channels_last=True)
+    assert not kconv._sparse_pays(small, x)
+    assert kconv._split_needed(x, False).flat is None
+    big = _packed_conv(2, 64, 64, 3, 1, 1, 1, 1, True, g)
+    assert kconv._sparse_pays(big, _input((1, 64, 56, 56), 0.0, g))

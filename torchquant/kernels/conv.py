@@ -19,6 +19,7 @@ The packed weight remembers the geometry it was blocked for; calls must use the 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -375,21 +376,29 @@ def _onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedC
 
     if onednn_u8s8_exact():
         return fused if fused is not None else lambda x_int, other: unfused(x_int, other, None)
+    listed = _sparse_pays(packed, x)
     if fused is None:
-        return lambda x_int, other: unfused(x_int, other, _split_needed(x_int))
+        return lambda x_int, other: unfused(x_int, other, _split_needed(x_int, listed))
 
     def checked(x_int: torch.Tensor, other: Optional[torch.Tensor]) -> torch.Tensor:
-        split = _split_needed(x_int)
+        split = _split_needed(x_int, listed)
         return fused(x_int, other) if split is None else unfused(x_int, other, split)
 
     return checked
 
 
-def _split_needed(x: torch.Tensor) -> Optional[_sparse.HighBits]:
+def _sparse_pays(packed: PackedConvWeight, x: torch.Tensor) -> bool:
+    """Whether the dense high-half conv of inputs like ``x`` is big enough for the sparse one
+    to pay (:data:`~.sparse_correction.SPARSE_MIN_MACS`)."""
+    macs = math.prod(_output_shape(x, packed)) * packed.weight[0].numel()
+    return macs >= _sparse.SPARSE_MIN_MACS
+
+
+def _split_needed(x: torch.Tensor, listed: bool) -> Optional[_sparse.HighBits]:
     """None where one oneDNN call is exact for uint8 ``x`` on this saturating CPU (no value
     above 128), else :func:`~.sparse_correction.high_bits` of ``x`` for :func:`_halves_float`
-    (one ``max`` when None)."""
-    bits = _sparse.high_bits(x)
+    (one ``max`` when None; the values above 127 listed only where ``listed``)."""
+    bits = _sparse.high_bits(x, listed)
     return None if bits.top <= ONEDNN_SAFE_U8_MAX else bits
 
 
@@ -514,4 +523,5 @@ def conv_exact_float(x: torch.Tensor, x_scale: float, x_zp: int,
     floats are those of always splitting (the ``hi`` half of an input below 128 is zero)."""
     if packed.onednn_weight is None or packed.transposed:
         raise ValueError("conv_exact_float needs a oneDNN-packed (non-transposed) conv weight")
-    return _halves_float(x, _sparse.high_bits(x), float(x_scale), int(x_zp), packed)
+    bits = _sparse.high_bits(x, _sparse_pays(packed, x))
+    return _halves_float(x, bits, float(x_scale), int(x_zp), packed)

@@ -562,7 +562,8 @@ def onednn_split_linear(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
     entries' weight columns scattered where it is sparse
     (:mod:`.sparse_correction`, the same floats), nothing where it is zero (vs the exact but
     unvectorised ``_int_mm`` on such CPUs)."""
-    bits = sparse_correction.high_bits(x)
+    bits = sparse_correction.high_bits(x, x.size(0) * packed.weight.numel()
+                                       >= sparse_correction.SPARSE_MIN_MACS)
     split = bits.top > 127
     y = torch.ops.onednn.qlinear_pointwise(
         torch.bitwise_and(x, 127) if split else x, float(x_scale), int(x_zp),

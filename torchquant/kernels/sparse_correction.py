@@ -34,16 +34,20 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-__all__ = ["SPARSE_MAX_DENSITY", "SCALE_ORDERS", "HighBits", "memory_flat", "high_bits", "coordinates",
+__all__ = ["SPARSE_MAX_DENSITY", "SPARSE_MIN_MACS", "SCALE_ORDERS", "HighBits", "memory_flat", "high_bits", "coordinates",
            "conv_tap_rows", "ConvScatter", "conv_scatter", "scaled_high", "exact_sums_dtype", "matching_scale_order", "conv_correction_",
            "linear_correction_"]
 
-# The largest fraction of inputs above 127 for which the sparse high half is used.  The sparse
-# form costs a fixed ~15 small torch ops plus a scatter of P * K rows of C_out / groups values;
-# the dense one a whole oneDNN conv / GEMM.  On the AVX2 machine of BENCHMARKS.md
-# (2026-12-03, night 2) the two cross between 1 % and 5 % for the ResNet-18 conv shapes and
-# the calibrated models sit near 0.01 %: 1 % keeps a margin on both sides.
+# When the sparse high half replaces the dense second oneDNN call (measured on the AVX2 machine
+# of BENCHMARKS.md, 2026-12-03 night 2, ResNet-18 conv shapes at batch 1):
+# * at most SPARSE_MAX_DENSITY of the input above 127.  The sparse half scatters P * K rows of
+#   C_out / groups values; the dense call costs a whole conv.  The calibrated models sit near
+#   0.01 %, the crossover lies between 1 % and 5 %: 1 % keeps a margin on both sides.
+# * at least SPARSE_MIN_MACS multiply-adds in the dense call.  The sparse half costs ~40 small
+#   torch ops whatever P; below ~2^24 MACs (a 1x1 stride-2 downsample at 56x56: 6.4 M) the
+#   second oneDNN call is cheaper than they are.
 SPARSE_MAX_DENSITY = 0.01
+SPARSE_MIN_MACS = 1 << 24
 _HIGH_BIT = 127
 _F32_EXACT = 1 << 24
 
@@ -88,17 +92,17 @@ def memory_flat(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return x.contiguous().view(-1), False
 
 
-def high_bits(x: torch.Tensor) -> HighBits:
+def high_bits(x: torch.Tensor, listed: bool = True) -> HighBits:
     """The largest value of uint8 ``x`` and, where it exceeds 127 and the values above 127
     are few enough for the sparse high half (at most :data:`SPARSE_MAX_DENSITY` of ``x``),
     their flat indices in ``x``'s memory order (contiguous, or channels-last for a
     channels-last ``x``; other layouts are searched in a contiguous copy).  One ``max`` where
-    no value exceeds 127."""
+    no value exceeds 127 or ``listed`` is False (the caller will not use a sparse half)."""
     flat, channels_last = memory_flat(x)
     if flat.numel() == 0:
         return HighBits(0, None, channels_last)
     top = int(flat.max())
-    if top <= _HIGH_BIT:
+    if top <= _HIGH_BIT or not listed:
         return HighBits(top, None, channels_last)
     return HighBits(top, _high_flat(flat, int(SPARSE_MAX_DENSITY * flat.numel())),
                     channels_last)
