@@ -100,7 +100,7 @@ def test_sparse_half_equals_dense_split(geometry, density):
         packed = _packed_conv(dims, c_in, c_out, kernel, stride, padding, dilation, groups,
                               per_channel, g, bias=x_zp != 25)
         x = _input((batch, c_in) + (size,) * dims, density, g, channels_last)
-        assert kconv._sparse_plan(packed, x, 0.0213)[0] in sparse.SCALE_ORDERS
+        assert kconv._sparse_plan(packed, x, 0.0213)[1].order in sparse.SCALE_ORDERS
         sparse_y, dense_y = _both_halves(x, 0.0213, x_zp, packed)
         assert torch.equal(sparse_y, dense_y)
         torch.testing.assert_close(sparse_y.double(), _exact_conv(x, 0.0213, x_zp, packed),

@@ -427,10 +427,8 @@ def _halves_float(x: torch.Tensor, bits: _sparse.HighBits, x_scale: float, x_zp:
         return y
     plan = None if bits.flat is None else _sparse_plan(packed, x, x_scale)
     if plan is not None:
-        order, scatter = plan
-        return _sparse.conv_correction_(y, bits, packed.in_channels, x_scale, order,
-                                        packed.sparse_taps["rows"], scatter,
-                                        packed.channel_scale, packed.groups)
+        return _sparse.conv_correction_(y, bits, packed.in_channels, packed.sparse_taps["rows"],
+                                        *plan, packed.groups)
     hi_scale = x_scale * 128.0
     return y.add_(conv(torch.bitwise_right_shift(x, 7), hi_scale, 0,
                        _sized_onednn_weight(packed, x, hi_scale, 0), packed.channel_scale,
@@ -472,9 +470,9 @@ _SPARSE_CACHE_SIZE = 16
 
 
 def _sparse_plan(packed: PackedConvWeight, x: torch.Tensor,
-                 x_scale: float) -> Optional[tuple[str, _sparse.ConvScatter]]:
-    """The sparse high half's scaling order and scatter table for inputs like ``x``, built
-    once per input shape / layout and scale (None: no sparse half for them).
+                 x_scale: float) -> Optional[tuple[_sparse.ConvScatter, _sparse.HighScale]]:
+    """The sparse high half's scatter table and scaling for inputs like ``x``, built once per
+    input shape / layout and scale (None: no sparse half for them).
 
     The order (:func:`~.sparse_correction.matching_scale_order`) is probed: a dense random 0/1
     input through the dense high-half oneDNN call against the exact integer sums of a float
@@ -506,8 +504,10 @@ def _sparse_plan(packed: PackedConvWeight, x: torch.Tensor,
     order = _sparse.matching_scale_order(high, sums, x_scale, scale)
     plan = None
     if order is not None:
-        plan = (order, _sparse.conv_scatter(x.shape[2:], high.shape[2:], packed.weight.shape[2:],
-                                            packed.stride, packed.padding, packed.dilation))
+        scatter = _sparse.conv_scatter(x.shape[2:], high.shape[2:], packed.weight.shape[2:],
+                                       packed.stride, packed.padding, packed.dilation)
+        plan = (scatter, _sparse.HighScale.of(x_scale, packed.channel_scale.view(
+            packed.groups, -1), order))
     cache[key] = plan
     return plan
 

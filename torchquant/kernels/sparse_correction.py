@@ -35,7 +35,7 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 
 __all__ = ["SPARSE_MAX_DENSITY", "SPARSE_MIN_MACS", "SCALE_ORDERS", "HighBits", "memory_flat", "high_bits", "coordinates",
-           "conv_tap_rows", "ConvScatter", "conv_scatter", "scaled_high", "exact_sums_dtype", "matching_scale_order", "conv_correction_",
+           "conv_tap_rows", "ConvScatter", "conv_scatter", "scaled_high", "HighScale", "exact_sums_dtype", "matching_scale_order", "conv_correction_",
            "linear_correction_"]
 
 # When the sparse high half replaces the dense second oneDNN call (measured on the AVX2 machine
@@ -74,10 +74,9 @@ def _high_flat(flat: torch.Tensor, limit: int) -> Optional[torch.Tensor]:
     columns = torch.nonzero(torch.gt(grid.amax(0), _HIGH_BIT)).view(-1)
     if columns.numel() > limit:
         return None
-    inner = torch.nonzero(torch.gt(grid[:, columns], _HIGH_BIT))
-    if inner.size(0) > limit:
-        return None
-    return inner[:, 0] * grid.size(1) + columns[inner[:, 1]]
+    starts = torch.arange(0, flat.numel(), grid.size(1), device=flat.device)
+    found = (starts[:, None] + columns)[torch.gt(grid[:, columns], _HIGH_BIT)]
+    return None if found.numel() > limit else found
 
 
 def memory_flat(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -123,23 +122,21 @@ def _accumulator_dtype(fan_in: int) -> torch.dtype:
 
 
 def conv_tap_rows(weight: torch.Tensor, groups: int) -> torch.Tensor:
-    """``[C_in * K + 1, C_out / groups]``: row ``c * K + k`` holds the taps ``w[:, c, k]`` of
-    input channel ``c`` (global index) over its group's output channels, in the accumulator
-    dtype; the last row is zero (where taps that reach no output are sent)."""
+    """``[C_in * (K + 1), C_out / groups]``: row ``c * (K + 1) + k`` holds the taps
+    ``w[:, c, k]`` of input channel ``c`` (global index) over its group's output channels, in
+    the accumulator dtype; row ``c * (K + 1) + K`` is zero (taps that reach no output)."""
     c_out, c_in_g = weight.shape[:2]
     taps = math.prod(weight.shape[2:])
-    rows = weight.reshape(groups, c_out // groups, c_in_g * taps).permute(0, 2, 1)
-    rows = rows.reshape(groups * c_in_g * taps, c_out // groups)
-    rows = torch.cat([rows, rows.new_zeros(1, rows.size(1))])
-    return rows.to(_accumulator_dtype(c_in_g * taps)).contiguous()
+    rows = weight.reshape(groups, c_out // groups, c_in_g, taps).permute(0, 2, 3, 1)
+    rows = torch.cat([rows, rows.new_zeros(groups, c_in_g, 1, c_out // groups)], 2)
+    return rows.reshape(-1, c_out // groups).to(_accumulator_dtype(c_in_g * taps)).contiguous()
 
 
 class ConvScatter(NamedTuple):
     """Where each input position's taps land, for one conv geometry and input size."""
 
     out_row: torch.Tensor  # [S_in, K]: output spatial row (row-major) of input s via tap k
-    reaches: torch.Tensor  # [S_in, K] bool: tap k of input s reaches an output (else row 0)
-    taps: torch.Tensor  # arange(K)
+    tap: torch.Tensor  # [S_in, K]: k where that tap reaches an output, else K (a zero row)
     out_size: int  # S_out
 
 
@@ -159,8 +156,9 @@ def conv_scatter(in_spatial: Sequence[int], out_spatial: Sequence[int], kernel: 
     row = torch.zeros(reaches.shape, dtype=torch.int64)
     for d, size in enumerate(out_spatial):
         row = row * size + out[:, :, d]
-    return ConvScatter(torch.where(reaches, row, 0), reaches, torch.arange(len(offsets)),
-                       math.prod(out_spatial))
+    taps = len(offsets)
+    return ConvScatter(torch.where(reaches, row, 0),
+                       torch.where(reaches, torch.arange(taps), taps), math.prod(out_spatial))
 
 
 SCALE_ORDERS = ("joint", "sequential")
@@ -171,10 +169,29 @@ def scaled_high(acc: torch.Tensor, x_scale: float, channel_scale: torch.Tensor,
     """float32 ``acc`` (integer sums of the high half) times ``128 * x_scale`` and the
     per-output-channel weight scales (broadcast against ``acc``), rounded as oneDNN does for
     ``order`` (one of :data:`SCALE_ORDERS`)."""
-    high = torch.tensor(float(x_scale) * 128.0, dtype=torch.float32)
-    if order == "joint":
-        return acc * (high * channel_scale.float())
-    return acc * high * channel_scale.float()
+    return HighScale.of(x_scale, channel_scale, order).apply(acc)
+
+
+class HighScale(NamedTuple):
+    """The float32 factors of :func:`scaled_high`, formed once per (scale, order)."""
+
+    order: str
+    high: torch.Tensor  # 0-d float32(128 * x_scale)
+    channel: torch.Tensor  # per-output-channel weight scales, float32
+    joint: torch.Tensor  # high * channel, float32
+
+    @staticmethod
+    def of(x_scale: float, channel_scale: torch.Tensor, order: str) -> "HighScale":
+        high = torch.tensor(float(x_scale) * 128.0, dtype=torch.float32,
+                            device=channel_scale.device)
+        channel = channel_scale.float()
+        return HighScale(order, high, channel, high * channel)
+
+    def apply(self, acc: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``acc`` scaled; ``rows`` picks a row of 2-d factors per row of ``acc`` (groups)."""
+        if self.order == "joint":
+            return acc * (self.joint if rows is None else self.joint[rows])
+        return acc * self.high * (self.channel if rows is None else self.channel[rows])
 
 
 def exact_sums_dtype(fan_in: int) -> torch.dtype:
@@ -203,39 +220,42 @@ def _scatter_rows(dest: torch.Tensor, rows: torch.Tensor, width: int,
     return unique, acc.index_add_(0, inverse, rows)
 
 
-def conv_correction_(y: torch.Tensor, bits: HighBits, in_channels: int, x_scale: float,
-                     order: str, tap_rows: torch.Tensor, scatter: ConvScatter,
-                     channel_scale: torch.Tensor, groups: int) -> torch.Tensor:
+def conv_correction_(y: torch.Tensor, bits: HighBits, in_channels: int,
+                     tap_rows: torch.Tensor, scatter: ConvScatter, scale: HighScale,
+                     groups: int) -> torch.Tensor:
     """Add to the float conv output ``y`` ``[N, C_out, *O]`` (in place) the high half
-    ``conv(hi, w) * 128 * x_scale * w_scale`` (scaled in ``order``) of an input whose ``hi``
-    is 1 exactly at the listed ``bits``; ``tap_rows`` from :func:`conv_tap_rows`, ``scatter``
-    from :func:`conv_scatter`.  Taps that reach no output add the zero row to row 0."""
+    ``conv(hi, w) * 128 * x_scale * w_scale`` of an input whose ``hi`` is 1 exactly at the
+    listed ``bits``; ``tap_rows`` from :func:`conv_tap_rows`, ``scatter`` from
+    :func:`conv_scatter`, ``scale`` of this call (its factors ``[groups, C_out / groups]``).
+    Taps that reach no output add a zero row to some row of the same image."""
     flat = bits.flat
     if flat.numel() == 0:
         return y
     in_size, taps = scatter.out_row.shape
     if bits.channels_last:  # [N, *S, C]
         pixel = torch.div(flat, in_channels, rounding_mode="floor")
-        channel = flat - pixel * in_channels
-        batch = torch.div(pixel, in_size, rounding_mode="floor")
-        position = pixel - batch * in_size
+        channel = torch.remainder(flat, in_channels)
+        if y.size(0) == 1:
+            position, batch = pixel, None
+        else:
+            batch = torch.div(pixel, in_size, rounding_mode="floor")
+            position = torch.remainder(pixel, in_size)
     else:  # [N, C, *S]
         plane = torch.div(flat, in_size, rounding_mode="floor")
-        position = flat - plane * in_size
+        position = torch.remainder(flat, in_size)
         batch = torch.div(plane, in_channels, rounding_mode="floor")
-        channel = plane - batch * in_channels
-    dest = scatter.out_row[position] + (batch * scatter.out_size)[:, None]  # [P, K]
-    c_out_g = tap_rows.size(1)
+        channel = torch.remainder(plane, in_channels)
+    dest = scatter.out_row[position]  # [P, K]
+    if batch is not None:
+        dest = dest + (batch * scatter.out_size)[:, None]
     if groups > 1:
         group = torch.div(channel, in_channels // groups, rounding_mode="floor")
         dest = dest * groups + group[:, None]
-    source = torch.where(scatter.reaches[position], channel[:, None] * taps + scatter.taps,
-                         tap_rows.size(0) - 1)
+    source = scatter.tap[position] + (channel * (taps + 1))[:, None]
+    c_out_g = tap_rows.size(1)
     unique, acc = _scatter_rows(dest.view(-1), tap_rows[source.view(-1)], c_out_g,
                                 tap_rows.dtype)
-    scale = channel_scale.view(groups, c_out_g)
-    correction = scaled_high(acc.float(), x_scale,
-                             scale[0] if groups == 1 else scale[unique % groups], order)
+    correction = scale.apply(acc.float(), None if groups == 1 else unique % groups)
     grouped = y.movedim(1, -1)
     if grouped.is_contiguous():  # oneDNN's channels-last output: one row per (n, o, group)
         grouped.view(-1, c_out_g).index_add_(0, unique, correction)
