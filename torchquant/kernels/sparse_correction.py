@@ -41,12 +41,13 @@ __all__ = ["SPARSE_MAX_DENSITY", "SPARSE_MIN_MACS", "SCALE_ORDERS", "HighBits", 
 # When the sparse high half replaces the dense second oneDNN call (measured on the AVX2 machine
 # of BENCHMARKS.md, 2026-12-03 night 2, ResNet-18 conv shapes at batch 1):
 # * at most SPARSE_MAX_DENSITY of the input above 127.  The sparse half scatters P * K rows of
-#   C_out / groups values; the dense call costs a whole conv.  The calibrated models sit near
-#   0.01 %, the crossover lies between 1 % and 5 %: 1 % keeps a margin on both sides.
+#   C_out / groups values (plus a sort of their destinations); the dense call costs a whole
+#   conv.  The two cross between 0.15 % (64 channels at 56x56) and 0.5 % (512 at 7x7); the
+#   calibrated ResNet-18 convs see 0.002 % - 0.02 %, 10x below the 0.2 % chosen.
 # * at least SPARSE_MIN_MACS multiply-adds in the dense call.  The sparse half costs ~40 small
 #   torch ops whatever P; below ~2^24 MACs (a 1x1 stride-2 downsample at 56x56: 6.4 M) the
-#   second oneDNN call is cheaper than they are.
-SPARSE_MAX_DENSITY = 0.01
+#   second oneDNN call is as cheap as they are.
+SPARSE_MAX_DENSITY = 0.002
 SPARSE_MIN_MACS = 1 << 24
 _HIGH_BIT = 127
 _F32_EXACT = 1 << 24
