@@ -472,12 +472,15 @@ _SPARSE_CACHE_SIZE = 16
 def _sparse_plan(packed: PackedConvWeight, x: torch.Tensor,
                  x_scale: float) -> Optional[tuple[_sparse.ConvScatter, _sparse.HighScale]]:
     """The sparse high half's scatter table and scaling for inputs like ``x``, built once per
-    input shape / layout and scale (None: no sparse half for them).
+    input shape / layout, scale and thread count (oneDNN may pick its kernel by any of them;
+    None: no sparse half for such inputs).
 
     The order (:func:`~.sparse_correction.matching_scale_order`) is probed: a dense random 0/1
-    input through the dense high-half oneDNN call against the exact integer sums of a float
-    conv (exact: 0/1 inputs, int8 weights, fan-in below 2^24 / 128, else float64)."""
-    key = (tuple(x.shape), x.stride(), float(x_scale))
+    input through the dense high-half oneDNN call against the integer sums of a float conv
+    (exact in float32 for 0/1 inputs and int8 weights below a fan-in of 2^17, float64 above,
+    unless the float conv's algorithm rounds, e.g. Winograd: then no order matches and the
+    dense call stays)."""
+    key = (tuple(x.shape), x.stride(), float(x_scale), torch.get_num_threads())
     cache = packed.sparse_taps
     if key in cache:
         return cache[key]

@@ -533,9 +533,9 @@ def _quantized_linear_int_mm(x, x_scale, x_zp, packed, out_scale, out_zp, out_qd
 def _sparse_scale_order(packed: PackedLinearWeight, rows: int,
                         x_scale: float) -> Optional[str]:
     """How oneDNN rounds the scaling of the high half of ``rows``-row inputs
-    (:func:`.sparse_correction.matching_scale_order`), probed once per row count and scale
-    with a dense random 0/1 input; cached with the requantization epilogues."""
-    key = ("sparse_scale_order", rows, x_scale)
+    (:func:`.sparse_correction.matching_scale_order`), probed once per row count, scale and
+    thread count with a dense random 0/1 input; cached with the requantization epilogues."""
+    key = ("sparse_scale_order", rows, x_scale, torch.get_num_threads())
     if key in packed.requant_epilogues:
         return packed.requant_epilogues[key]
     generator = torch.Generator(device=packed.weight.device).manual_seed(0)

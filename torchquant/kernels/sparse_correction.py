@@ -23,9 +23,17 @@ groups`` integers.  Exactness and bit-identity with the dense split:
 * each touched output element receives that value in one float add, as the dense split's
   ``y_lo + y_hi`` does (untouched elements add 0).
 
-Whether the sparse form pays is decided per call from the density of ``hi`` (the count of
-``x > 127`` over the input's size) against :data:`SPARSE_MAX_DENSITY`
-(:func:`high_positions`).
+The sparse form replaces the dense second call where both hold (measured on the AVX2 machine
+of BENCHMARKS.md, "2026-12-03 (night 2)", ResNet-18 conv shapes at batch 1):
+
+* at most :data:`SPARSE_MAX_DENSITY` (0.2 %) of the input exceeds 127.  The sparse half
+  scatters ``P * K`` rows (and sorts their destinations), the dense call is a whole conv; the
+  two cross between 0.15 % (64 channels at 56x56) and 0.5 % (512 channels at 7x7), and the
+  calibrated ResNet-18 convs see 0.002 % - 0.02 %, 10x below the limit.  One ``max`` and a
+  column-wise search decide it (:func:`high_bits`), no full ``nonzero``.
+* the dense call has at least :data:`SPARSE_MIN_MACS` (2^24) multiply-adds.  The sparse half
+  costs ~40 small torch ops whatever ``P``; a smaller conv (the 1x1 stride-2 downsample at
+  56x56: 6.4 M) is as cheap on oneDNN.
 """
 from __future__ import annotations
 
@@ -34,19 +42,12 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-__all__ = ["SPARSE_MAX_DENSITY", "SPARSE_MIN_MACS", "SCALE_ORDERS", "HighBits", "memory_flat", "high_bits", "coordinates",
-           "conv_tap_rows", "ConvScatter", "conv_scatter", "scaled_high", "HighScale", "exact_sums_dtype", "matching_scale_order", "conv_correction_",
-           "linear_correction_"]
+__all__ = ["SPARSE_MAX_DENSITY", "SPARSE_MIN_MACS", "SCALE_ORDERS", "HighBits", "memory_flat",
+           "high_bits", "coordinates", "conv_tap_rows", "ConvScatter", "conv_scatter",
+           "scaled_high", "HighScale", "exact_sums_dtype", "matching_scale_order",
+           "conv_correction_", "linear_correction_"]
 
-# When the sparse high half replaces the dense second oneDNN call (measured on the AVX2 machine
-# of BENCHMARKS.md, 2026-12-03 night 2, ResNet-18 conv shapes at batch 1):
-# * at most SPARSE_MAX_DENSITY of the input above 127.  The sparse half scatters P * K rows of
-#   C_out / groups values (plus a sort of their destinations); the dense call costs a whole
-#   conv.  The two cross between 0.15 % (64 channels at 56x56) and 0.5 % (512 at 7x7); the
-#   calibrated ResNet-18 convs see 0.002 % - 0.02 %, 10x below the 0.2 % chosen.
-# * at least SPARSE_MIN_MACS multiply-adds in the dense call.  The sparse half costs ~40 small
-#   torch ops whatever P; below ~2^24 MACs (a 1x1 stride-2 downsample at 56x56: 6.4 M) the
-#   second oneDNN call is as cheap as they are.
+# When the sparse half replaces the dense second oneDNN call: see the module docstring.
 SPARSE_MAX_DENSITY = 0.002
 SPARSE_MIN_MACS = 1 << 24
 _HIGH_BIT = 127
