@@ -86,17 +86,33 @@ def test_compiled_block_equals_eager_and_lowers(block, context):
     targets = _targets(graphs)
     assert "torchquant.add" not in targets  # 1024 elements: vector path only
     if SPLIT_CPU:
-        assert "torchquant.conv_halves_float" in targets
+        assert "torchquant.conv_exact_float" in targets
         assert "torchquant.conv" not in targets
     else:
         assert "torchquant.conv" in targets
+
+
+@pytest.mark.skipif(not SPLIT_CPU, reason="oneDNN accumulates exactly here: no split")
+def test_compiled_block_with_sparse_high_halves_equals_eager(block, monkeypatch):
+    """Inputs with a few values above 128 (the calibrated case): the opaque conv op and eager
+    mode both take the sparse high half, and give eager's integers."""
+    from torchquant.kernels import sparse_correction
+    monkeypatch.setattr(sparse_correction, "SPARSE_MIN_MACS", 0)
+    monkeypatch.setattr(sparse_correction, "SPARSE_MAX_DENSITY", 0.05)
+    compiled, _ = _compiled_with_graphs(block)
+    torch.manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(2, 8, 8, 8) * 0.5
+        x[0, 2, 3, 4] = 8.0  # far out: quantizes to the top of the range
+        with torch.no_grad():
+            assert torch.equal(compiled(x), block(x))
 
 
 def test_export_keeps_the_opaque_ops(block):
     program = torch.export.export(block, (torch.randn(2, 8, 8, 8),))
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
     assert {"torchquant.conv.default", "torchquant.add.default"} <= targets
-    assert "torchquant.conv_halves_float.default" not in targets
+    assert "torchquant.conv_exact_float.default" not in targets
 
 
 def test_unsafe_inductor_math_turns_lowering_off(block):
@@ -122,22 +138,35 @@ def test_add_with_a_tail_keeps_the_opaque_op():
 
 
 @pytest.mark.skipif(not SPLIT_CPU, reason="oneDNN accumulates exactly here: no split")
-def test_conv_halves_float_matches_exact_arithmetic_and_opcheck():
+@pytest.mark.parametrize("high", ["none", "sparse", "dense"])
+def test_conv_exact_float_matches_exact_arithmetic_and_opcheck(high, monkeypatch):
+    """One oneDNN call below 128, the sparse or the dense high half above: exact sums, one
+    float32 rounding per half, and the floats of always splitting."""
+    from torchquant.kernels import sparse_correction
+    monkeypatch.setattr(sparse_correction, "SPARSE_MIN_MACS", 0)
     torch.manual_seed(0)
     w = torch.randint(-128, 128, (16, 8, 3, 3), dtype=torch.int8)
     w_scale = torch.rand(16, dtype=torch.float64) * 0.01 + 1e-3
     packed = kconv.pack_conv_weight(w, w_scale, torch.zeros(16, dtype=torch.int64), 0,
                                     torch.randn(16), 1, 1, 1, 1)
-    x = torch.randint(0, 256, (2, 8, 10, 10), dtype=torch.uint8).contiguous(
+    x = torch.randint(0, 128, (2, 8, 10, 10), dtype=torch.uint8).contiguous(
         memory_format=torch.channels_last)
-    lo, hi = x & 127, x >> 7
-    y = kconv.conv_halves_float(lo, hi, 0.02, 5, packed)
+    if high == "sparse":
+        x[1, 3, 4, 5] = 200
+    elif high == "dense":
+        x = (x * 2).contiguous(memory_format=torch.channels_last)
+    y = kconv.conv_exact_float(x, 0.02, 5, packed)
+    bits = sparse_correction.high_bits(x)
+    assert (bits.flat is not None) == (high == "sparse")
     # exact reference in float64; oneDNN's float output rounds each half once to float32
     acc = nn.functional.conv2d(x.double() - 5, w.double(), padding=1)
     exact = acc * 0.02 * w_scale.view(1, -1, 1, 1) + packed.bias.double().view(1, -1, 1, 1)
     torch.testing.assert_close(y.double(), exact, rtol=1e-5, atol=1e-4)
-    torch.library.opcheck(torch.ops.torchquant.conv_halves_float.default,
-                          (lo, hi, 0.02, 5, w, w_scale, torch.zeros(16, dtype=torch.int64),
+    always_split = kconv._halves_float(x, bits._replace(top=max(bits.top, 128), flat=None),
+                                       0.02, 5, packed)
+    assert torch.equal(y, always_split)
+    torch.library.opcheck(torch.ops.torchquant.conv_exact_float.default,
+                          (x, 0.02, 5, w, w_scale, torch.zeros(16, dtype=torch.int64),
                            packed.bias, 0, [1, 1], [1, 1], [1, 1], 1))
 
 

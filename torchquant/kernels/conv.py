@@ -8,8 +8,9 @@
   channels-last memory format (what torch's x86 quantized conv returns too): feeding it to
   the next conv skips a layout conversion.  Where oneDNN saturates int16 pairs of products (no
   VNNI / AMX, see ``linear.onednn_u8_exact_max``) inputs above 128 run as two exact halves
-  (``x & 127`` and ``x >> 7``) with float output, the post-op and one requantization, still
-  returned channels-last.
+  (``x & 127`` and ``x >> 7``; the second scattered from its few nonzero positions where it
+  is sparse, :mod:`.sparse_correction`) with float output, the post-op and one
+  requantization, still returned channels-last.
 * ``reference`` -- dequantize, float ``conv``, post-op, quantize (the numerics contract);
   contiguous output.  Also the only path for transposed convolution, for asymmetric weights,
   and where oneDNN is missing (non-x86 builds, CUDA).
@@ -18,18 +19,20 @@ The packed weight remembers the geometry it was blocked for; calls must use the 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
 
+from . import sparse_correction as _sparse
 from .registry import get, register
 from .registry import mode as kernel_mode
 from .. import affine
 from .. import dtypes as _dt
 from .linear import (DEFAULT_NEGATIVE_SLOPE, PostOp, Scalar, activation_qdtype, check_bias,
-                     check_weight_qparams, onednn_exact_for, onednn_u8s8_exact, onednn_usable,
+                     check_weight_qparams, ONEDNN_SAFE_U8_MAX, onednn_u8s8_exact, onednn_usable,
                      per_channel_view, post_op_of, quantize_post_op, validated_qparams)
 
 __all__ = ["PackedConvWeight", "pack_conv_weight", "quantized_conv", "quantized_conv_transpose"]
@@ -83,6 +86,9 @@ class PackedConvWeight:
     # The eager modules' own per-call cache (nn.quantized Conv*: their cheap call key -> the
     # plan and output qparams), dropped with this pack when the weight changes.
     eager_calls: dict = field(default_factory=dict, repr=False)
+    # The sparse high half's tables (_sparse_plan): the weight as rows of taps per input
+    # channel, and per input shape the scaling order and scatter table.
+    sparse_taps: dict = field(default_factory=dict, repr=False)
 
     @property
     def spatial_dims(self) -> int:
@@ -370,31 +376,78 @@ def _onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedC
             return conv_sum(x_int, *head, accum, *tail)
 
     # Where this CPU's oneDNN saturates int16 pairs of u8 x s8 products above 128 such inputs
-    # are split, x = lo + 128 * hi (lo = x & 127, hi = x >> 7, both exact for oneDNN):
-    # (x - zp) * w = (lo - zp) * w + 128 * hi * w, two float-output convs (zero padding stays
-    # zero in both), one requantization, returned in oneDNN's channels-last layout so the
-    # layout does not depend on the data.
-    hi_weight = (None if onednn_u8s8_exact()
-                 else _sized_onednn_weight(packed, x, float(x_scale) * 128.0, 0))
+    # are split (_halves_float), float output, one requantization, returned in oneDNN's
+    # channels-last layout so the layout does not depend on the data.
     float_out = (1.0, 0, torch.float32, "none", [], "")
 
-    def unfused(x_int: torch.Tensor, other: Optional[torch.Tensor], exact: bool) -> torch.Tensor:
-        if exact:
+    def unfused(x_int: torch.Tensor, other: Optional[torch.Tensor],
+                split: Optional[_sparse.HighBits]) -> torch.Tensor:
+        if split is None:
             y = conv(x_int, *head, packed.bias, *geometry, *float_out)
         else:
-            y = conv(torch.bitwise_and(x_int, 127), *head, packed.bias, *geometry, *float_out)
-            y = y.add_(conv(torch.bitwise_right_shift(x_int, 7), float(x_scale) * 128.0, 0,
-                            hi_weight, packed.channel_scale, packed.channel_zero_point, None,
-                            *geometry, *float_out))
+            y = _halves_float(x_int, split, float(x_scale), int(x_zp), packed, head[2])
         return _channels_last(quantize_post_op(y, post_op, other, out_scale, zero_point,
                                                _dt.quint8))
 
-    if fused is None:
-        return lambda x_int, other: unfused(x_int, other, onednn_exact_for(x_int))
     if onednn_u8s8_exact():
-        return fused
-    return lambda x_int, other: (fused(x_int, other) if onednn_exact_for(x_int)  # noqa: E731
-                                 else unfused(x_int, other, False))
+        return fused if fused is not None else lambda x_int, other: unfused(x_int, other, None)
+    listed = _sparse_pays(packed, x)
+    if fused is None:
+        return lambda x_int, other: unfused(x_int, other, _split_needed(x_int, listed))
+
+    def checked(x_int: torch.Tensor, other: Optional[torch.Tensor]) -> torch.Tensor:
+        split = _split_needed(x_int, listed)
+        return fused(x_int, other) if split is None else unfused(x_int, other, split)
+
+    return checked
+
+
+def _sparse_pays(packed: PackedConvWeight, x: torch.Tensor) -> bool:
+    """Whether the dense high-half conv of inputs like ``x`` is big enough for the sparse one
+    to pay (:data:`~.sparse_correction.SPARSE_MIN_MACS`)."""
+    macs = math.prod(_output_shape(x, packed)) * packed.weight[0].numel()
+    return macs >= _sparse.SPARSE_MIN_MACS
+
+
+def _split_needed(x: torch.Tensor, listed: bool) -> Optional[_sparse.HighBits]:
+    """None where one oneDNN call is exact for uint8 ``x`` on this saturating CPU (no value
+    above 128), else :func:`~.sparse_correction.high_bits` of ``x`` for :func:`_halves_float`
+    (one ``max`` when None; the values above 127 listed only where ``listed``)."""
+    bits = _sparse.high_bits(x, listed)
+    return None if bits.top <= ONEDNN_SAFE_U8_MAX else bits
+
+
+def _halves_float(x: torch.Tensor, bits: _sparse.HighBits, x_scale: float, x_zp: int,
+                  packed: PackedConvWeight,
+                  lo_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``conv(x_hat, w_hat) + bias`` in float32, exactly as oneDNN would give it without
+    saturation, for uint8 ``x`` whose values above 127 ``bits`` locates
+    (:func:`~.sparse_correction.high_bits`).
+
+    ``x = lo + 128 * hi`` with ``lo = x & 127`` and ``hi = x >> 7`` both exact for oneDNN, and
+    ``(x - zp) * w = (lo - zp) * w + 128 * hi * w`` (zero padding stays zero in both): one
+    float-output oneDNN conv of ``lo`` (with the bias) plus the high half, scattered from the
+    listed positions where ``bits`` lists them and the scaling order is known
+    (:func:`_sparse_plan`), else a second oneDNN conv of ``hi``.  Both forms give the same
+    floats (tested); with no value above 127 the one call on ``x`` is the ``lo`` call."""
+    geometry = (packed.stride, packed.padding, packed.dilation, packed.groups)
+    float_out = (1.0, 0, torch.float32, "none", [], "")
+    conv = torch.ops.onednn.qconv_pointwise.default
+    if lo_weight is None:
+        lo_weight = _sized_onednn_weight(packed, x, x_scale, x_zp)
+    split = bits.top > 127
+    y = conv(torch.bitwise_and(x, 127) if split else x, x_scale, x_zp, lo_weight,
+             packed.channel_scale, packed.channel_zero_point, packed.bias, *geometry, *float_out)
+    if not split:
+        return y
+    plan = None if bits.flat is None else _sparse_plan(packed, x, x_scale)
+    if plan is not None:
+        return _sparse.conv_correction_(y, bits, packed.in_channels, packed.sparse_taps["rows"],
+                                        *plan, packed.groups)
+    hi_scale = x_scale * 128.0
+    return y.add_(conv(torch.bitwise_right_shift(x, 7), hi_scale, 0,
+                       _sized_onednn_weight(packed, x, hi_scale, 0), packed.channel_scale,
+                       packed.channel_zero_point, None, *geometry, *float_out))
 
 
 @register("quantized_conv", "onednn", devices=("cpu",), available=onednn_usable,
@@ -428,20 +481,65 @@ def quantized_conv_transpose(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
 register("quantized_conv_transpose", "reference")(_quantized_conv_reference)
 
 
-def conv_halves_float(lo: torch.Tensor, hi: torch.Tensor, x_scale: float, x_zp: int,
-                      packed: PackedConvWeight) -> torch.Tensor:
-    """``conv(x_hat, w_hat) + bias`` in float32 for ``x = lo + 128 * hi`` (``lo`` in 0..127,
-    ``hi`` in 0..1, both uint8): the two exact oneDNN convs of the saturating-CPU split, summed,
-    before requantization.  ``torch.compile`` lowers a conv on such CPUs to this op between
-    elementwise steps it fuses with its neighbours (the split, the requantization)."""
-    if packed.onednn_weight is None or packed.transposed:
-        raise ValueError("conv_halves_float needs a oneDNN-packed (non-transposed) conv weight")
-    geometry = (packed.stride, packed.padding, packed.dilation, packed.groups)
-    float_out = (1.0, 0, torch.float32, "none", [], "")
-    conv = torch.ops.onednn.qconv_pointwise.default
-    y = conv(lo, float(x_scale), int(x_zp), _sized_onednn_weight(packed, lo, x_scale, x_zp),
-             packed.channel_scale, packed.channel_zero_point, packed.bias, *geometry, *float_out)
+_SPARSE_CACHE_SIZE = 16
+
+
+def _sparse_plan(packed: PackedConvWeight, x: torch.Tensor,
+                 x_scale: float) -> Optional[tuple[_sparse.ConvScatter, _sparse.HighScale]]:
+    """The sparse high half's scatter table and scaling for inputs like ``x``, built once per
+    input shape / layout, scale and thread count (oneDNN may pick its kernel by any of them;
+    None: no sparse half for such inputs).
+
+    The order (:func:`~.sparse_correction.matching_scale_order`) is probed: a dense random 0/1
+    input through the dense high-half oneDNN call against the integer sums of a float conv
+    (exact in float32 for 0/1 inputs and int8 weights below a fan-in of 2^17, float64 above,
+    unless the float conv's algorithm rounds, e.g. Winograd: then no order matches and the
+    dense call stays)."""
+    key = (tuple(x.shape), x.stride(), float(x_scale), torch.get_num_threads())
+    cache = packed.sparse_taps
+    if key in cache:
+        return cache[key]
+    if len(cache) > _SPARSE_CACHE_SIZE:
+        rows = cache.get("rows")
+        cache.clear()
+        if rows is not None:
+            cache["rows"] = rows
+    if "rows" not in cache:
+        cache["rows"] = _sparse.conv_tap_rows(packed.weight, packed.groups)
+    generator = torch.Generator(device=x.device).manual_seed(0)
+    probe = torch.empty_like(x).copy_(torch.randint(0, 2, x.shape, generator=generator,
+                                                    dtype=torch.uint8, device=x.device))
     hi_scale = float(x_scale) * 128.0
-    return y.add_(conv(hi, hi_scale, 0, _sized_onednn_weight(packed, hi, hi_scale, 0),
-                       packed.channel_scale, packed.channel_zero_point, None, *geometry,
-                       *float_out))
+    geometry = (packed.stride, packed.padding, packed.dilation, packed.groups)
+    high = torch.ops.onednn.qconv_pointwise.default(
+        probe, hi_scale, 0, _sized_onednn_weight(packed, probe, hi_scale, 0),
+        packed.channel_scale, packed.channel_zero_point, None, *geometry,
+        1.0, 0, torch.float32, "none", [], "")
+    dtype = _sparse.exact_sums_dtype(packed.weight[0].numel())
+    sums = _FLOAT_CONV[packed.spatial_dims](probe.to(dtype), packed.weight.to(dtype), None,
+                                           *geometry)
+    scale = packed.channel_scale.view((1, -1) + (1,) * packed.spatial_dims)
+    order = _sparse.matching_scale_order(high, sums, x_scale, scale)
+    plan = None
+    if order is not None:
+        scatter = _sparse.conv_scatter(x.shape[2:], high.shape[2:], packed.weight.shape[2:],
+                                       packed.stride, packed.padding, packed.dilation)
+        plan = (scatter, _sparse.HighScale.of(x_scale, packed.channel_scale.view(
+            packed.groups, -1), order))
+    cache[key] = plan
+    return plan
+
+
+def conv_exact_float(x: torch.Tensor, x_scale: float, x_zp: int,
+                     packed: PackedConvWeight) -> torch.Tensor:
+    """``conv(x_hat, w_hat) + bias`` in float32 (channels-last) through oneDNN for quint8 ``x``
+    on a CPU whose oneDNN saturates u8 x s8 pairs above 128: what ``torch.compile`` lowers a
+    conv to (an opaque op between elementwise steps inductor fuses, the requantization).
+
+    It looks at the data as the graph cannot: one oneDNN call where no value exceeds 127, else
+    the split of :func:`_halves_float` (the high half sparse or dense by its density).  The
+    floats are those of always splitting (the ``hi`` half of an input below 128 is zero)."""
+    if packed.onednn_weight is None or packed.transposed:
+        raise ValueError("conv_exact_float needs a oneDNN-packed (non-transposed) conv weight")
+    bits = _sparse.high_bits(x, _sparse_pays(packed, x))
+    return _halves_float(x, bits, float(x_scale), int(x_zp), packed)

@@ -31,7 +31,7 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 import torch
 import torch.nn.functional as F
 
-from . import cpu_compiled
+from . import cpu_compiled, sparse_correction
 from .reference import quantize_formula
 from .registry import get, mode, register
 from .. import affine
@@ -573,21 +573,56 @@ def _quantized_linear_int_mm(x, x_scale, x_zp, packed, out_scale, out_zp, out_qd
                              out_qdtype.storage_dtype)
 
 
+def _sparse_scale_order(packed: PackedLinearWeight, rows: int,
+                        x_scale: float) -> Optional[str]:
+    """How oneDNN rounds the scaling of the high half of ``rows``-row inputs
+    (:func:`.sparse_correction.matching_scale_order`), probed once per row count, scale and
+    thread count with a dense random 0/1 input; cached with the requantization epilogues."""
+    key = ("sparse_scale_order", rows, x_scale, torch.get_num_threads())
+    if key in packed.requant_epilogues:
+        return packed.requant_epilogues[key]
+    generator = torch.Generator(device=packed.weight.device).manual_seed(0)
+    probe = torch.randint(0, 2, (rows, packed.in_features), generator=generator,
+                          dtype=torch.uint8, device=packed.weight.device)
+    high = torch.ops.onednn.qlinear_pointwise(
+        probe, x_scale * 128.0, 0, packed.onednn_weight, packed.channel_scale,
+        packed.channel_zero_point, None, 1.0, 0, torch.float32, "none", [], "")
+    dtype = sparse_correction.exact_sums_dtype(packed.in_features)
+    sums = probe.to(dtype) @ packed.weight.to(dtype).t()
+    if len(packed.requant_epilogues) >= _EPILOGUE_CACHE_SIZE:
+        packed.requant_epilogues.clear()
+    order = packed.requant_epilogues[key] = sparse_correction.matching_scale_order(
+        high, sums, x_scale, packed.channel_scale)
+    return order
+
+
 def onednn_split_linear(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
                         packed: PackedLinearWeight, with_bias: bool = True) -> torch.Tensor:
     """``linear(x_hat, w_hat, bias)`` in float32 through oneDNN on a CPU whose u8 x s8 products
     saturate int16 pairs above 128: ``x = lo + 128 * hi`` with ``lo = x & 127`` and
     ``hi = x >> 7`` are both exact for it, and ``(x - zp) . w = (lo - zp) . w + 128 * hi . w``.
-    Two GEMMs and one float add (vs the exact but unvectorised ``_int_mm`` on such CPUs)."""
-    lo = torch.bitwise_and(x, 127)
-    hi = torch.bitwise_right_shift(x, 7)
+    One GEMM of ``lo`` plus the high half: a second GEMM where ``hi`` is dense, its few nonzero
+    entries' weight columns scattered where it is sparse
+    (:mod:`.sparse_correction`, the same floats), nothing where it is zero (vs the exact but
+    unvectorised ``_int_mm`` on such CPUs)."""
+    bits = sparse_correction.high_bits(x, x.size(0) * packed.weight.numel()
+                                       >= sparse_correction.SPARSE_MIN_MACS)
+    split = bits.top > 127
     y = torch.ops.onednn.qlinear_pointwise(
-        lo, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
-        packed.channel_zero_point, packed.bias if with_bias else None, 1.0, 0, torch.float32,
-        "none", [], "")
+        torch.bitwise_and(x, 127) if split else x, float(x_scale), int(x_zp),
+        packed.onednn_weight, packed.channel_scale, packed.channel_zero_point,
+        packed.bias if with_bias else None, 1.0, 0, torch.float32, "none", [], "")
+    if not split:
+        return y
+    order = (None if bits.flat is None
+             else _sparse_scale_order(packed, x.size(0), float(x_scale)))
+    if order is not None:
+        return sparse_correction.linear_correction_(y, bits, float(x_scale), order,
+                                                    packed.weight, packed.channel_scale)
     return y.add_(torch.ops.onednn.qlinear_pointwise(
-        hi, float(x_scale) * 128.0, 0, packed.onednn_weight, packed.channel_scale,
-        packed.channel_zero_point, None, 1.0, 0, torch.float32, "none", [], ""))
+        torch.bitwise_right_shift(x, 7), float(x_scale) * 128.0, 0, packed.onednn_weight,
+        packed.channel_scale, packed.channel_zero_point, None, 1.0, 0, torch.float32, "none",
+        [], ""))
 
 
 @register("quantized_linear", "onednn", devices=("cpu",),

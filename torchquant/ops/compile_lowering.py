@@ -8,13 +8,14 @@ dynamo compiles (and does not export), the ops below emit instead:
 * ``add`` (+ReLU) where every element takes torch's vector path whatever the thread count
   (same-shaped dense operands, see :mod:`._lanes`): the vector formula itself, as plain torch
   ops with explicit fused multiply-adds.
-* ``conv`` on CPUs whose oneDNN saturates u8 x s8 pairs (AVX2): the split of the input into
-  ``x & 127`` and ``x >> 7``, one opaque op for the two exact oneDNN convs
-  (``torchquant::conv_halves_float``), then ReLU and the requantization as plain torch ops.
-  Eager mode splits only inputs above 128 (it measures ``x.max()`` per call); a compiled graph
-  splits always, which gives the same integers (split and single call agree where both apply,
-  tested) and lets inductor fuse the split, the requantization and the residual add between
-  two convs into one loop.
+* ``conv`` on CPUs whose oneDNN saturates u8 x s8 pairs (AVX2): one opaque op for the exact
+  float conv (``torchquant::conv_exact_float``), then ReLU and the requantization as plain
+  torch ops, which inductor fuses with the residual add between two convs into one loop.  The
+  op looks at its input, as a graph cannot: one oneDNN call where no value exceeds 127, else
+  the split into ``x & 127`` and ``x >> 7`` with the high half scattered from its few nonzero
+  positions or, where it is dense, a second oneDNN conv (:func:`..kernels.conv.conv_exact_float`).
+  Eager mode fuses the requantization into oneDNN where no value exceeds 128 and splits the
+  rest the same way; both give the same integers (tested).
 
 The lowered formulas are the references' (``kernels.reference``) with ``prims.fma`` where
 those use a fused multiply-add, so the compiled integers equal eager mode's bit for bit.  Their
@@ -88,10 +89,8 @@ def conv(x: torch.Tensor, x_scale: float, x_zero_point: int, packed: _kconv.Pack
     if (not _split_cpu() or packed.onednn_weight is None or packed.transposed
             or x.dtype != torch.uint8 or x.device.type != "cpu"):
         return None
-    lo = torch.bitwise_and(x, 127)
-    hi = torch.bitwise_right_shift(x, 7)
-    y = torch.ops.torchquant.conv_halves_float(
-        lo, hi, float(x_scale), int(x_zero_point), packed.weight,
+    y = torch.ops.torchquant.conv_exact_float(
+        x, float(x_scale), int(x_zero_point), packed.weight,
         *weight_qparams(packed.weight_scale, packed.weight_zero_point, packed.axis),
         packed.bias, 0 if packed.axis is None else packed.axis, list(packed.stride),
         list(packed.padding), list(packed.dilation), packed.groups)

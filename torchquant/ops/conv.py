@@ -78,28 +78,30 @@ def _(x, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, bias, w
         memory_format=_graph_format(y.dim()))
 
 
-@torch.library.custom_op("torchquant::conv_halves_float", mutates_args=())
-def _conv_halves_float_op(lo: torch.Tensor, hi: torch.Tensor, x_scale: float,
-                          x_zero_point: int, weight: torch.Tensor, weight_scale: torch.Tensor,
-                          weight_zero_point: torch.Tensor, bias: Optional[torch.Tensor],
-                          weight_axis: int, stride: list[int], padding: list[int],
-                          dilation: list[int], groups: int) -> torch.Tensor:
-    """The float32 result of a quint8 conv whose input is ``lo + 128 * hi`` (the split that
-    ``torch.compile`` lowers a conv to on saturating CPUs, :mod:`.compile_lowering`); the
-    weight's packed form is the one ``torchquant::conv`` uses."""
+@torch.library.custom_op("torchquant::conv_exact_float", mutates_args=())
+def _conv_exact_float_op(x: torch.Tensor, x_scale: float, x_zero_point: int,
+                         weight: torch.Tensor, weight_scale: torch.Tensor,
+                         weight_zero_point: torch.Tensor, bias: Optional[torch.Tensor],
+                         weight_axis: int, stride: list[int], padding: list[int],
+                         dilation: list[int], groups: int) -> torch.Tensor:
+    """The float32 result (before requantization) of a quint8 conv on a CPU whose oneDNN
+    saturates u8 x s8 pairs: what ``torch.compile`` lowers a conv to there
+    (:mod:`.compile_lowering`).  Opaque, so that it can look at the data (one oneDNN call, or
+    the split with a sparse or dense high half); the weight's packed form is the one
+    ``torchquant::conv`` uses."""
     geometry = (tuple(stride), tuple(padding), tuple(dilation), groups)
     packed = _PACKS.get(weight, weight_scale, weight_zero_point, bias, weight_axis, *geometry,
                         False, (0,) * len(stride))
-    return _k.conv_halves_float(lo, hi, x_scale, x_zero_point, packed)
+    return _k.conv_exact_float(x, x_scale, x_zero_point, packed)
 
 
-@_conv_halves_float_op.register_fake
-def _(lo, hi, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, bias, weight_axis,
+@_conv_exact_float_op.register_fake
+def _(x, x_scale, x_zero_point, weight, weight_scale, weight_zero_point, bias, weight_axis,
       stride, padding, dilation, groups):
-    y = _FLOAT_CONV[weight.dim() - 2](torch.empty_like(lo, dtype=torch.float32),
+    y = _FLOAT_CONV[weight.dim() - 2](torch.empty_like(x, dtype=torch.float32),
                                       torch.empty_like(weight, dtype=torch.float32), None,
                                       stride, padding, dilation, groups)
-    return torch.empty(y.shape, dtype=torch.float32, device=lo.device).contiguous(
+    return torch.empty(y.shape, dtype=torch.float32, device=x.device).contiguous(
         memory_format=_graph_format(y.dim()))
 
 
