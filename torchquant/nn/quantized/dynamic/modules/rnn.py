@@ -88,10 +88,10 @@ class _GateWeight:
 
     def __call__(self, x: Tensor, reduce_range: bool) -> Tensor:
         """The dynamic quantized matmul of a float32 ``[..., in]`` input (one activation
-        quantization for all of it)."""
+        quantization for all of it; int8: torch.ao's numbers bit for bit)."""
         if self.dtype is torch.float16:
             return ops_linear_fp16.linear_dynamic_fp16(x, self.packed)
-        return ops_linear.linear_dynamic(x, self.packed, reduce_range=reduce_range)
+        return ops_rnn.input_projection(x, self.packed, reduce_range)
 
     def weight(self) -> Tensor:
         """qint8 QTensor, or the float16-rounded weight as float32 (what torch unpacks)."""
