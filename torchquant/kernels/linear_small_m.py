@@ -27,6 +27,7 @@ GEMM is the faster one).  :func:`dynamic_linear_codes_reference` is the integer 
 from __future__ import annotations
 
 import os
+import struct
 import weakref
 from typing import Optional
 
@@ -43,6 +44,7 @@ __all__ = ["SMALL_M_MAX_ROWS", "exact_float_gemm_applies", "quantized_codes",
 SMALL_M_MAX_ROWS = int(os.environ.get("TORCHQUANT_SMALL_M_MAX_ROWS", "16"))
 _FLOAT32_EXACT_INTEGERS = 1 << 24
 _MAX_CODE = 255  # |code - zero_point| for uint8 activations
+_FLOAT32 = struct.Struct("f")
 
 # packed weight -> {"exact": bool, "mm": [K, N] float32, "mkldnn": oneDNN-packed float32}
 _FLOAT_WEIGHTS: "weakref.WeakKeyDictionary[PackedLinearWeight, dict]" = \
@@ -60,9 +62,34 @@ def _entry(packed: PackedLinearWeight) -> dict:
     if entry is None:
         bound = int(packed.weight.abs().sum(1, dtype=torch.int64).max()) if packed.weight.numel() \
             else 0
-        entry = {"exact": packed.symmetric and _MAX_CODE * bound < _FLOAT32_EXACT_INTEGERS}
+        entry = {"exact": packed.symmetric and _MAX_CODE * bound < _FLOAT32_EXACT_INTEGERS,
+                 # per-tensor weights: the one float32 scale, so the epilogue's multiplier is
+                 # a Python number (a float32 product of two float32 values, as torch's)
+                 "scale": (float(packed.channel_scale[0])
+                           if packed.axis is None and packed.weight.numel() else None)}
         _FLOAT_WEIGHTS[packed] = entry
     return entry
+
+
+def _f32(value: float) -> float:
+    return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+
+
+def _epilogue(acc: torch.Tensor, x_scale: float, packed: PackedLinearWeight,
+              entry: dict) -> torch.Tensor:
+    """fbgemm's ``fma(acc, x_scale * w_scale, bias)`` (``torch.add(b, a, alpha=m)`` and
+    ``torch.addcmul`` are fused multiply-adds on CPU), in place on ``acc``'s buffer where
+    possible."""
+    scale = entry["scale"]
+    if scale is not None:
+        multiplier = _f32(scale * _f32(x_scale))  # exact in double, then rounded once
+        if packed.bias is None:
+            return acc.mul_(multiplier)
+        return torch.add(packed.bias, acc, alpha=multiplier)
+    multiplier = packed.channel_scale * x_scale
+    if packed.bias is None:
+        return acc.mul_(multiplier)
+    return torch.addcmul(packed.bias, acc, multiplier)
 
 
 def exact_float_gemm_applies(x: torch.Tensor, packed: PackedLinearWeight) -> bool:
@@ -107,10 +134,7 @@ def dynamic_linear_codes(codes: torch.Tensor, x_scale: float,
         acc = torch.mm(codes, weight)
     else:
         acc = torch.ops.mkldnn._linear_pointwise(codes, weight, None, "none", [], "")
-    multiplier = packed.channel_scale * x_scale
-    if packed.bias is None:
-        return acc.mul_(multiplier)
-    return torch.addcmul(packed.bias, acc, multiplier)
+    return _epilogue(acc, x_scale, packed, _entry(packed))
 
 
 def dynamic_linear_codes_reference(codes: torch.Tensor, x_scale: float,
@@ -155,7 +179,4 @@ def dynamic_linear_fused_epilogue(x_q: torch.Tensor, x_scale: float, x_zero_poin
                torch.ops.mkldnn._linear_pointwise(codes, weight, None, "none", [], ""))
     else:
         return None
-    multiplier = packed.channel_scale * x_scale
-    if packed.bias is None:
-        return acc.mul_(multiplier)
-    return torch.addcmul(packed.bias, acc, multiplier)
+    return _epilogue(acc, x_scale, packed, _entry(packed))
