@@ -11,15 +11,20 @@ Cases (issue #15 / #16):
 
 Each round times the three sides with bench_kernels.best_times (short interleaved blocks, the
 fastest block counts); the ratios printed are the median over the rounds with their min-max
-spread (the machine is shared: single timings are noise).  Also prints the SQNR (dB) of each
+spread (the machine is shared: single timings are noise).  ``--clock process`` times with the
+process's CPU time instead of the wall clock: on a machine other processes load, a 1-thread
+case's CPU time leaves out the time it waited for a core (with 2 threads it counts OpenMP's
+spinning workers too, so read those with care).  Also prints the SQNR (dB) of each
 side's output against float and of torchquant against torch.ao.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import math
 import statistics
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -76,14 +81,33 @@ def cases(only: set[str]) -> list[tuple[str, int, nn.Module, tuple]]:
     return out
 
 
+def process_times(fns: dict, budget_s: float, calls: int = 2) -> dict[str, float]:
+    """Like bench_kernels.best_times, with the process's CPU time: blocks of ``calls`` calls,
+    the sides interleaved until ``budget_s`` of CPU time is spent, the fastest block counts."""
+    best = {name: math.inf for name in fns}
+    for fn in fns.values():
+        fn()
+    start, rounds = time.process_time(), 0
+    while rounds < 3 or time.process_time() - start < budget_s:
+        for name, fn in fns.items():
+            t0 = time.process_time()
+            for _ in range(calls):
+                fn()
+            best[name] = min(best[name], (time.process_time() - t0) / calls)
+        rounds += 1
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--budget", type=float, default=1.0)
     parser.add_argument("--only", default="lstm,gru,lm")
+    parser.add_argument("--clock", choices=("wall", "process"), default="wall")
     args = parser.parse_args()
     torch.backends.quantized.engine = "x86"
-    print(f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()}")
+    print(f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()}, "
+          f"clock {args.clock}")
     print("| case | threads | ours ms | torch.ao ms | float ms | ours/torch.ao (min-max) | "
           "ours/float | SQNR ours | SQNR torch.ao | SQNR ours vs torch.ao |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -93,7 +117,8 @@ def main() -> None:
         with torch.no_grad():
             ref, got, want = mod(*x)[0], ours(*x)[0], ao(*x)[0]
             fns = {"ours": lambda: ours(*x), "torch.ao": lambda: ao(*x), "float": lambda: mod(*x)}
-            rounds = [best_times(fns, args.budget) for _ in range(args.rounds)]
+            timer = best_times if args.clock == "wall" else process_times
+            rounds = [timer(fns, args.budget) for _ in range(args.rounds)]
         ratio = [r["ours"] / r["torch.ao"] for r in rounds]
         med = {k: statistics.median(r[k] for r in rounds) for k in fns}
         print(f"| {name} | {threads} | {med['ours'] * 1e3:.2f} | {med['torch.ao'] * 1e3:.2f} | "
