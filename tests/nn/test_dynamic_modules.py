@@ -339,6 +339,53 @@ def test_rnn_realistic_scale(mode):
     assert sqnr(y, y_f) >= 25
 
 
+def test_rnn_state_dict_repr_and_weights():
+    flt, ours, theirs = _pair("LSTM", "per_channel", num_layers=2, bidirectional=True)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    assert repr(ours) == repr(theirs) == "DynamicQuantizedLSTM(24, 32, num_layers=2, " \
+                                         "bidirectional=True)"
+    fresh = roundtrip(ours, nnqd.LSTM(24, 32, num_layers=2, bidirectional=True))
+    x = torch.randn(7, 2, 24)
+    with torch.no_grad():
+        assert torch.equal(fresh(x)[0], ours(x)[0])
+    w_ours, w_theirs = ours.get_weight(), theirs.get_weight()
+    assert list(w_ours) == list(w_theirs)
+    for k in w_ours:
+        assert torch.equal(w_ours[k].int_repr(), w_theirs[k].int_repr())
+    assert list(ours.get_bias()) == list(theirs.get_bias())
+    gru_flt, gru, gru_t = _pair("GRU", "per_tensor")
+    assert list(gru.state_dict()) == list(gru_t.state_dict())
+    fresh = roundtrip(gru, nnqd.GRU(24, 32))
+    with torch.no_grad():
+        assert torch.equal(fresh(x)[0], gru(x)[0])
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        nnqd.GRU(24, 16).load_state_dict(gru.state_dict())
+
+
+def test_rnn_bad_inputs():
+    _, lstm, _ = _pair("LSTM", "per_tensor")
+    with pytest.raises(RuntimeError, match="must have 3 dimensions.*got 2"):
+        lstm(torch.randn(5, 24))
+    with pytest.raises(RuntimeError, match="must have 3 dimensions.*got 4"):
+        lstm(torch.randn(2, 5, 3, 24))
+    with pytest.raises(RuntimeError, match="input_size. Expected 24, got 23"):
+        lstm(torch.randn(4, 2, 23))
+    with pytest.raises(RuntimeError, match=r"hidden\[0\] size"):
+        lstm(torch.randn(4, 2, 24), (torch.zeros(1, 3, 32), torch.zeros(1, 3, 32)))
+    with pytest.raises(TypeError, match="quantized tensor"):
+        lstm(tq.quantize_per_tensor(torch.randn(4, 2, 24), 0.1, 0, tq.quint8))
+    quint8_weights = tqq.QConfig(activation=tqq.default_dynamic_quant_observer,
+                                 weight=tqq.MinMaxObserver.with_args(dtype=tq.quint8))
+    with pytest.raises(RuntimeError, match="Unsupported dtype"):
+        nnqd.LSTM.from_float(with_qconfig(nn.LSTM(4, 4), quint8_weights))
+    with pytest.raises(RuntimeError, match="Unsupported dtype"):
+        nnqd.GRUCell.from_float(with_qconfig(nn.GRUCell(4, 4), quint8_weights))
+    with pytest.raises(RuntimeError, match="qint8 or float16"):
+        nnqd.GRU(4, 4, dtype=tq.quint8)
+    with pytest.raises(AssertionError, match="only works for"):
+        nnqd.LSTM.from_float(with_qconfig(nn.RNN(4, 4), tqq.default_dynamic_qconfig))
+
+
 # --------------------------------------------------------------------------------------------
 # Cells
 # --------------------------------------------------------------------------------------------
