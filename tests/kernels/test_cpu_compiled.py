@@ -69,7 +69,7 @@ def _config_value(name):
 def test_user_inductor_config_does_not_reach_our_kernels(fresh_kernels, settings):
     expected = _run_models()
     built = set(cpu_compiled._kernels)
-    kinds = {"quantize", "dequantize", "_lstm_pointwise"}
+    kinds = {"quantize", "dequantize"}
     if onednn_u8s8_exact():  # the fused per-token row kernel runs only where oneDNN is exact
         kinds.add("per_token_rows_u8")
     assert {key[0] for key in built} >= kinds

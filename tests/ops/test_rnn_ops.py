@@ -1,11 +1,11 @@
 """The dynamic recurrent time-step ops (``torchquant::lstm_step_dynamic``, ``gru_step_dynamic``,
 ``rnn_step_dynamic``): fake kernels (``opcheck``), the op equal to the eager function and to the
 dynamic cell modules (the same code, so bit-exact), and ``torch.export`` of the dynamic LSTM /
-GRU (int8 and float16 weights): one ``linear_dynamic`` (or ``linear_dynamic_fp16``) node per
-layer x direction for the input projection, one step node per time step, outputs equal eager.
-torch's modules are the oracle of tests/nn/test_dynamic_modules.py; the exported LSTM is
-checked against torch.ao's here too, with that file's tolerance (torch's gate arithmetic rounds
-an ulp apart from the compiled kernel's at places)."""
+GRU (int8 and float16 weights): one ``rnn_input_projection_dynamic`` (or
+``linear_dynamic_fp16``) node per layer x direction for the input projection, one step node per
+time step, outputs equal eager.  torch's modules are the oracle of
+tests/nn/test_dynamic_modules.py; the exported LSTM equals torch.ao's bit for bit here too (the
+projections use fbgemm's fused epilogue, the gates torch's own ATen ops in torch's order)."""
 import pytest
 import torch
 import torch.nn as nn
@@ -14,7 +14,6 @@ import torch.ao.quantization as aoq
 
 import torchquant.nn.quantized.dynamic as nnqd
 from torchquant import quantization as tqq
-from torchquant.ops import linear as ops_linear
 from torchquant.ops import linear_fp16 as ops_fp16
 from torchquant.ops import rnn as ops_rnn
 
@@ -40,7 +39,7 @@ def _input_projection(cell, x):
     packed = cell._packed_weight_ih.packed
     if isinstance(packed, ops_fp16.PackedLinearFp16Weight):
         return ops_fp16.linear_dynamic_fp16(x, packed)
-    return ops_linear.linear_dynamic(x, packed, reduce_range=True)
+    return ops_rnn.input_projection(x, packed, reduce_range=True)
 
 
 @pytest.mark.parametrize("weights", ["int8", "int8_per_channel", "fp16"])
@@ -110,7 +109,7 @@ def test_export_dynamic_rnn(mode, weights):
     x = torch.randn(steps, BATCH, IN)
     ep = torch.export.export(model, (x,))
     projection = ("torchquant.linear_dynamic_fp16.default" if weights == "fp16"
-                  else "torchquant.linear_dynamic.default")
+                  else "torchquant.rnn_input_projection_dynamic.default")
     step = f"torchquant.{mode.lower()}_step_dynamic.default"
     assert _step_nodes(ep) == {projection: 2 * 2, step: 2 * 2 * steps}
     with torch.no_grad():
@@ -137,6 +136,48 @@ def test_exported_dynamic_lstm_matches_torch():
     ep = torch.export.export(ours, (x,))
     with torch.no_grad():
         got, expected = ep.module()(x)[0], theirs(x)[0]
-    # near bit-exact as tests/nn/test_dynamic_modules.py: inductor's sigmoid / tanh may round
-    # an ulp away from torch's
-    assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("weights", ["int8", "int8_per_channel"])
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_input_projection_op_matches_torch(weights, rows):
+    """``rnn_input_projection_dynamic``: fake kernel, op == eager, and torch.ao's dynamic
+    Linear (fbgemm, reduce_range) bit for bit -- a few rows through the exact float32 GEMM,
+    many through oneDNN's accumulator, both with fbgemm's fused epilogue."""
+    torch.manual_seed(11)
+    flt = nn.Linear(IN, 4 * HIDDEN)
+    flt.qconfig = QCONFIGS[weights]
+    packed = nnqd.Linear.from_float(flt)._packed_params.packed
+    flt.qconfig = (aoq.default_dynamic_qconfig if weights == "int8"
+                   else aoq.per_channel_dynamic_qconfig)
+    theirs = ao_nnqd.Linear.from_float(flt)
+    x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(11)) * 2
+    args = (x, *ops_rnn._graph_args(packed), True)
+    _opcheck(torch.ops.torchquant.rnn_input_projection_dynamic.default, args)
+    got = torch.ops.torchquant.rnn_input_projection_dynamic(*args)
+    assert torch.equal(got, ops_rnn.input_projection(x, packed, True))
+    with torch.no_grad():
+        assert torch.equal(got, theirs(x))
+
+
+@pytest.mark.parametrize("hidden", [33, 64])
+@pytest.mark.parametrize("kind", ["LSTMCell", "GRUCell", "RNNCell"])
+def test_cells_equal_torch_bit_for_bit(kind, hidden):
+    """The cells (input projection, hidden projection, torch's gate ops in torch's order) give
+    torch.ao's cells' outputs exactly -- hidden 33 takes torch's per-chunk gate ops (vector
+    tails), 64 the merged ones."""
+    torch.manual_seed(12)
+    flt = getattr(nn, kind)(IN, hidden)
+    flt.qconfig = tqq.default_dynamic_qconfig
+    ours = getattr(nnqd, kind).from_float(flt)
+    flt.qconfig = aoq.default_dynamic_qconfig
+    theirs = getattr(ao_nnqd, kind).from_float(flt)
+    for batch in (1, 5):
+        x, h = torch.randn(batch, IN), torch.randn(batch, hidden) * 0.5
+        hx = (h, h * 0.7) if kind == "LSTMCell" else h
+        with torch.no_grad():
+            got, want = ours(x, hx), theirs(x, hx)
+        for g, w in zip(got if kind == "LSTMCell" else (got,),
+                        want if kind == "LSTMCell" else (want,)):
+            assert torch.equal(g, w)

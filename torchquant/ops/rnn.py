@@ -16,17 +16,17 @@ float16 with ``None`` qparams -- and the bias.
 Eager speed matters here (the step runs once per time step, on small tensors):
 
 * the int8 projection picks its qparams with the scalar form of ATen's rule and quantizes
-  with the float32 reciprocal of the scale through ``affine.requantize`` -- the same integers
-  as ``dynamic_linear`` (``clamp(nearbyint(fma(x, 1/s, zp)))``; ``1 / s`` rounded once from
-  double is the correctly rounded float32 quotient; no NaN guard, which finite values do not
-  need: a NaN / inf state fails the qparam choice first), ~4x cheaper on a hidden state;
-* the gate arithmetic is torch's cell arithmetic in torch's order, merged only where that
-  changes no element (one sigmoid over all four LSTM gates with the tanh gate taken apart; one
-  add + sigmoid for GRU's r and z).  On CPU it runs as one inductor kernel per (batch, hidden)
-  shape (:mod:`torchquant.kernels.cpu_compiled`, built on the first call so every call of a
-  shape takes the same path; inductor's sigmoid / tanh may round an ulp away from eager
-  torch's, and the eager form runs only where no kernel can be built).  The registered ops
-  run the same code, so graphs and eager modules agree bit for bit.
+  with the float32 reciprocal of the scale (``clamp(nearbyint(fma(x, 1/s, zp)))``, fbgemm's
+  quantize; ``1 / s`` rounded once from double is the correctly rounded float32 quotient; no
+  NaN guard, which finite values do not need: a NaN / inf state fails the qparam choice
+  first).  At a few rows on CPUs where oneDNN's int8 GEMM is slow (AVX2) the integers go
+  through an exact float32 GEMM with fbgemm's fused epilogue
+  (:mod:`torchquant.kernels.linear_small_m`): torch.ao's projection bit for bit;
+* the gate arithmetic is torch's CPU cell arithmetic: the same ATen ops in the same order
+  (merged into fewer calls only where that changes no element), run eagerly.  Nothing is
+  compiled: a first call does not wait on a compiler, every call of a shape takes the same
+  path, and with torch.ao's gate inputs the outputs are torch.ao's bit for bit.  The
+  registered ops run the same code, so graphs and eager modules agree bit for bit.
 """
 from __future__ import annotations
 
@@ -39,18 +39,20 @@ from torch import Tensor
 
 from .. import affine
 from .. import kernels as _kernels
-from ..kernels import cpu_compiled as _cpu_compiled
 from ..kernels import linear as _klinear
+from ..kernels import linear_small_m as _small_m
 from ..kernels.linear import PackedLinearWeight
 from ._library import PackCache, weight_qparams
 from .linear import pack_linear
 from .linear_fp16 import PackedLinearFp16Weight, pack_linear_fp16
 
-__all__ = ["lstm_step", "gru_step", "rnn_step", "hidden_projection", "GateWeight"]
+__all__ = ["lstm_step", "gru_step", "rnn_step", "hidden_projection", "input_projection",
+           "GateWeight"]
 
 GateWeight = Union[PackedLinearWeight, PackedLinearFp16Weight]
 
 _NONLINEARITIES = ("tanh", "relu")
+_FLOAT32 = struct.Struct("f")
 
 
 # ---- the hidden-to-hidden projection --------------------------------------------------------
@@ -59,67 +61,118 @@ def _reference_dynamic_linear() -> Callable:
     return _kernels.implementations("dynamic_linear")["reference"].fn
 
 
-def hidden_projection(h: Tensor, packed: GateWeight, reduce_range: bool) -> Tensor:
-    """``linear(h, w_hh, b_hh)`` for a 2-D float32 finite hidden state: dynamic int8 (the
-    numbers of :func:`~torchquant.kernels.linear.dynamic_linear`, with the per-call overhead
-    cut) or the float16-weight matmul.  Eager only (the step ops call it)."""
-    if isinstance(packed, PackedLinearFp16Weight):
-        return F.linear(h, packed.weight32, packed.bias)
-    if h.numel() == 0:
-        return _klinear.dynamic_linear(h, packed, reduce_range=reduce_range)
-    mn, mx = torch.aminmax(h)
+_ZERO_POINTS: list[Tensor] = []  # 0-d float32 zero points 0..255, made once (one per step)
+
+
+def _zero_point_tensor(zp: int) -> Tensor:
+    if not _ZERO_POINTS:
+        _ZERO_POINTS.extend(torch.tensor(float(z)) for z in range(256))
+    return _ZERO_POINTS[zp]
+
+
+def _int8_projection(x: Tensor, packed: PackedLinearWeight, reduce_range: bool) -> Tensor:
+    """The dynamic int8 Linear of a 2-D float32 finite ``x`` with torch.ao's (fbgemm's)
+    numbers: per-tensor quint8 activations by ATen's rule, ``fma(acc, x_scale * w_scale,
+    bias)`` on the exact accumulator (:mod:`torchquant.kernels.linear_small_m`); the registry's
+    dynamic Linear (oneDNN's multiply-then-add epilogue, or the reference) where that cannot
+    run."""
+    if x.numel() == 0:
+        return _klinear.dynamic_linear(x, packed, reduce_range=reduce_range)
+    mn, mx = torch.aminmax(x)
     scale, zp = affine.choose_qparams_aten_scalar(mn.item(), mx.item(), 0, 255, False,
                                                   reduce_range)
-    inv = struct.unpack("f", struct.pack("f", 1.0 / scale))[0]
-    h_q = affine.requantize(h, torch.tensor(inv), torch.tensor(float(zp)), 0, 255, torch.uint8)
-    fn = _kernels.get("dynamic_linear", h_q, packed=packed)
+    inv = _FLOAT32.unpack(_FLOAT32.pack(1.0 / scale))[0]
+    if _small_m.exact_float_gemm_applies(x, packed):
+        # torch.add(zp, x, alpha=inv) is the fused fma(x, inv, zp) on CPU (tested)
+        codes = torch.add(_zero_point_tensor(zp), x, alpha=inv).round_().clamp_(0, 255)
+        if zp:
+            codes.sub_(zp)
+        return _small_m.dynamic_linear_codes(codes, scale, packed)
+    x_q = affine.requantize(x, torch.tensor(inv), torch.tensor(float(zp)), 0, 255, torch.uint8)
+    y = _small_m.dynamic_linear_fused_epilogue(x_q, scale, zp, packed)
+    if y is not None:
+        return y
+    fn = _kernels.get("dynamic_linear", x_q, packed=packed)
     if fn is _reference_dynamic_linear():
-        return fn(h_q, torch.tensor(scale), torch.tensor(zp), packed, False)
-    return fn(h_q, scale, zp, packed, False)  # the fast kernels take Python scalars
+        return fn(x_q, torch.tensor(scale), torch.tensor(zp), packed, False)
+    return fn(x_q, scale, zp, packed, False)  # the fast kernels take Python scalars
 
 
-# ---- gate arithmetic (float32, torch's CPU order) -------------------------------------------
+def hidden_projection(h: Tensor, packed: GateWeight, reduce_range: bool) -> Tensor:
+    """``linear(h, w_hh, b_hh)`` for a 2-D float32 finite hidden state: dynamic int8
+    (torch.ao's numbers, see :func:`_int8_projection`) or the float16-weight matmul.  Eager
+    only (the step ops call it)."""
+    if isinstance(packed, PackedLinearFp16Weight):
+        return F.linear(h, packed.weight32, packed.bias)
+    return _int8_projection(h, packed, reduce_range)
+
+
+def _input_projection(x: Tensor, packed: PackedLinearWeight, reduce_range: bool) -> Tensor:
+    if x.dim() == 0 or x.size(-1) != packed.in_features:
+        raise ValueError(f"input_projection: input's last dimension must be in_features="
+                         f"{packed.in_features}, got shape {tuple(x.shape)}")
+    x2d = x.reshape(-1, packed.in_features).to(torch.float32)  # NaN / inf: the qparams raise
+    return _int8_projection(x2d, packed, reduce_range).reshape(*x.shape[:-1],
+                                                               packed.out_features)
+
+
+# ---- gate arithmetic (float32, torch's CPU ops in torch's order) ----------------------------
+
+# Where every gate's row length is a multiple of this, ATen's elementwise kernels run every
+# element of a gate chunk through their vector loop (no scalar tail: AVX-512's 16 floats
+# unrolled twice), so one sigmoid over all gates equals torch's per-chunk sigmoids element for
+# element; other hidden sizes take torch's per-chunk form (a scalar tail can round an ulp
+# apart from the vector loop).
+_MERGE_GATES_MULTIPLE = 64
+
 
 def _lstm_pointwise(hh: Tensor, ih: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
-    gates = hh + ih
-    hs = gates.size(1) // 4
-    i, f, _, o = gates.sigmoid().chunk(4, 1)
-    g = gates[:, 2 * hs:3 * hs].tanh()
-    c = f * c + i * g
+    """torch's LSTM cell after the gate matmuls (``hh`` is the projection's own temporary and
+    is overwritten): ``c' = f * c + i * g`` (two products, one add), ``h' = o * tanh(c')``."""
+    gates = hh.add_(ih)
+    hs = c.size(1)
+    i, f, g, o = gates.unsafe_chunk(4, 1)
+    if hs % _MERGE_GATES_MULTIPLE == 0:
+        g = g.tanh()
+        gates.sigmoid_()
+    else:
+        i.sigmoid_()
+        f.sigmoid_()
+        g.tanh_()
+        o.sigmoid_()
+    c = (f * c).add_(i * g)
     return o * c.tanh(), c
 
 
-def _gru_pointwise(hh: Tensor, ih: Tensor, h: Tensor) -> tuple[Tensor]:
+def _gru_pointwise(hh: Tensor, ih: Tensor, h: Tensor) -> Tensor:
+    """torch's GRU cell after the gate matmuls (``hh`` overwritten): r, z =
+    sigmoid(hh + ih), ``n = tanh(ih_n + r * hh_n)``, ``h' = (h - n) * z + n``."""
     hs = h.size(1)
-    rz = (hh[:, :2 * hs] + ih[:, :2 * hs]).sigmoid()
-    r, z = rz[:, :hs], rz[:, hs:]
-    n = (ih[:, 2 * hs:] + hh[:, 2 * hs:] * r).tanh()
-    return ((h - n) * z + n,)
-
-
-def _pointwise(source: Callable, *args: Tensor) -> tuple:
-    """``source(*args)`` through its compiled CPU kernel (eager torch elsewhere)."""
-    if (args[0].device.type == "cpu" and _kernels.mode() == "auto"
-            and not torch.compiler.is_compiling()):
-        kernel = _cpu_compiled.compiled(source.__name__, args, source, hot_calls=1)
-        if kernel is not None:
-            return tuple(kernel(list(args)))
-    return source(*args)
+    hh_r, hh_z, hh_n = hh.unsafe_chunk(3, 1)
+    ih_r, ih_z, ih_n = ih.unsafe_chunk(3, 1)
+    if hs % _MERGE_GATES_MULTIPLE == 0:
+        rz = hh[:, :2 * hs].add_(ih[:, :2 * hs]).sigmoid_()
+        r, z = rz[:, :hs], rz[:, hs:]
+    else:
+        r = hh_r.add_(ih_r).sigmoid_()
+        z = hh_z.add_(ih_z).sigmoid_()
+    n = ih_n.add(hh_n.mul_(r)).tanh_()
+    return (h - n).mul_(z).add_(n)
 
 
 def _lstm_step(ih: Tensor, h: Tensor, c: Tensor, packed: GateWeight,
                reduce_range: bool) -> tuple[Tensor, Tensor]:
-    return _pointwise(_lstm_pointwise, hidden_projection(h, packed, reduce_range), ih, c)
+    return _lstm_pointwise(hidden_projection(h, packed, reduce_range), ih, c)
 
 
 def _gru_step(ih: Tensor, h: Tensor, packed: GateWeight, reduce_range: bool) -> Tensor:
-    return _pointwise(_gru_pointwise, hidden_projection(h, packed, reduce_range), ih, h)[0]
+    return _gru_pointwise(hidden_projection(h, packed, reduce_range), ih, h)
 
 
 def _rnn_step(ih: Tensor, h: Tensor, packed: GateWeight, reduce_range: bool,
               nonlinearity: str) -> Tensor:
     pre = hidden_projection(h, packed, reduce_range).add_(ih)
-    return torch.tanh(pre) if nonlinearity == "tanh" else torch.relu(pre)
+    return pre.tanh_() if nonlinearity == "tanh" else pre.relu_()
 
 
 # ---- graph form: the hidden weight as plain tensors -----------------------------------------
@@ -193,6 +246,19 @@ def _(ih, h, weight, weight_scale, weight_zero_point, bias, reduce_range, nonlin
     return torch.empty_like(h, dtype=torch.float32)
 
 
+@torch.library.custom_op("torchquant::rnn_input_projection_dynamic", mutates_args=())
+def _input_projection_op(x: Tensor, weight: Tensor, weight_scale: Tensor,
+                         weight_zero_point: Tensor, bias: Optional[Tensor],
+                         reduce_range: bool) -> Tensor:
+    return _input_projection(x, _INT8_PACKS.get(weight, weight_scale, weight_zero_point, bias),
+                             reduce_range)
+
+
+@_input_projection_op.register_fake
+def _(x, weight, weight_scale, weight_zero_point, bias, reduce_range):
+    return x.new_empty((*x.shape[:-1], weight.size(0)), dtype=torch.float32)
+
+
 # ---- what modules call ----------------------------------------------------------------------
 
 def _eager(ih: Tensor, h: Tensor, c: Optional[Tensor] = None) -> bool:
@@ -200,6 +266,18 @@ def _eager(ih: Tensor, h: Tensor, c: Optional[Tensor] = None) -> bool:
     first; dynamo shows traced tensors as plain, hence ``is_compiling`` after them)."""
     return (type(ih) is Tensor and type(h) is Tensor and (c is None or type(c) is Tensor)
             and not torch.compiler.is_compiling())
+
+
+def input_projection(x: Tensor, packed: PackedLinearWeight,
+                     reduce_range: bool = True) -> Tensor:
+    """``linear(x, w_ih, b_ih)`` of a float ``[..., in]`` input (a layer's whole sequence, or
+    a cell's batch) through an int8 weight, one activation quantization for all of it: the
+    dynamic Linear with torch.ao's numbers bit for bit (fbgemm's fused epilogue on the exact
+    accumulator), so the gates see what torch's do.  Float32 out."""
+    if type(x) is Tensor and not torch.compiler.is_compiling():
+        return _input_projection(x, packed, reduce_range)
+    return torch.ops.torchquant.rnn_input_projection_dynamic(x, *_graph_args(packed),
+                                                              reduce_range)
 
 
 def lstm_step(ih: Tensor, h: Tensor, c: Tensor, packed: GateWeight,

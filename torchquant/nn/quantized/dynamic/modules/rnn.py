@@ -6,8 +6,9 @@ torch's CPU kernels:
 
 * the input-to-hidden projection of a whole layer's sequence is ONE call (one set of activation
   qparams over all time steps -- torch's CPU layers precompute it the same way, packed
-  sequences included); the hidden-to-hidden projection and the gate arithmetic are one
-  :mod:`torchquant.ops.rnn` step per time step;
+  sequences included: :func:`torchquant.ops.rnn.input_projection`); the hidden-to-hidden
+  projection and the gate arithmetic are one :mod:`torchquant.ops.rnn` step per time step;
+  int8 outputs equal torch.ao's bit for bit (fbgemm's epilogue, torch's gate ops in order);
 * activations use ``reduce_range=True`` (0..127, fbgemm clamping), what torch's sequence
   modules and cell ops compute on the x86 / fbgemm engines (attribute ``reduce_range``: set it
   False for qnnpack's numbers);
@@ -88,10 +89,10 @@ class _GateWeight:
 
     def __call__(self, x: Tensor, reduce_range: bool) -> Tensor:
         """The dynamic quantized matmul of a float32 ``[..., in]`` input (one activation
-        quantization for all of it)."""
+        quantization for all of it; int8: torch.ao's numbers bit for bit)."""
         if self.dtype is torch.float16:
             return ops_linear_fp16.linear_dynamic_fp16(x, self.packed)
-        return ops_linear.linear_dynamic(x, self.packed, reduce_range=reduce_range)
+        return ops_rnn.input_projection(x, self.packed, reduce_range)
 
     def weight(self) -> Tensor:
         """qint8 QTensor, or the float16-rounded weight as float32 (what torch unpacks)."""
