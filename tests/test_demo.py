@@ -53,22 +53,19 @@ def test_without_compiled_or_peer(monkeypatch):
 
 
 def test_a_model_that_fails_to_compile_is_left_out(monkeypatch, capsys):
-    import torchquant._compile as compile_module
-
     def broken(model, **kwargs):
         def run(x):
             raise RuntimeError("no C++ compiler")
         return run
-    monkeypatch.setattr(compile_module, "compile", broken)
+    monkeypatch.setattr(demo, "_tq_compile", broken)
     out = demo._compile_models({"m": torch.nn.Linear(4, 2)}, {"one": torch.randn(1, 4)})
     assert out == {}
     assert "compile failed (RuntimeError: no C++ compiler); eager only" in capsys.readouterr().out
 
 
 def test_compile_models_times_the_build(monkeypatch, capsys):
-    import torchquant._compile as compile_module
     seen = []
-    monkeypatch.setattr(compile_module, "compile",
+    monkeypatch.setattr(demo, "_tq_compile",
                         lambda model, **kwargs: (seen.append(kwargs), model)[1])
     model = torch.nn.Linear(4, 2)
     out = demo._compile_models({"m": model}, {"one": torch.randn(1, 4)})

@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import quantization as tq
+from ._compile import compile as _tq_compile
 from .examples import digits, minilm
 
 
@@ -163,13 +164,12 @@ def _compile_models(models: dict[str, torch.nn.Module], inputs: dict[str, torch.
     """``torchquant.compile`` of each model, warmed up on each input shape (the build is the
     slow part: it is announced and timed).  A model that fails to compile is left out, with a
     line that says why."""
-    from ._compile import compile as tq_compile
     out: dict[str, Callable] = {}
     for name, model in models.items():
         _say(f"  {name}: torchquant.compile (inductor; builds for each batch size) ...")
         start = time.perf_counter()
         try:
-            fast = tq_compile(model, dynamic=False)
+            fast = _tq_compile(model, dynamic=False)
             with torch.no_grad():
                 for x in inputs.values():
                     fast(x)
