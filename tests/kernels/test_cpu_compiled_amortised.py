@@ -17,7 +17,7 @@ def amortised(monkeypatch):
     for name, value in (("_kernels", {}), ("_calls", {}), ("_first_seen_in", {}),
                         ("_eager_s", {}), ("_build_s", []), ("_broken", set()),
                         ("_model_calls", 0), ("HOT_CALLS", cpu_compiled._DEFAULT_HOT_CALLS),
-                        ("BUILD_ESTIMATE_S", 1.0)):
+                        ("BUILD_ESTIMATE_S", 1.0), ("FIRST_BUILD_ESTIMATE_S", 1.0)):
         monkeypatch.setattr(cpu_compiled, name, value)
     built = []
 
@@ -45,7 +45,11 @@ def test_builds_once_the_eager_runs_paid_for_it(amortised):
     assert len(amortised) == 1 and cpu_compiled.stats()["built"] == 1
 
 
-def test_measured_builds_replace_the_estimate(amortised):
+def test_measured_builds_replace_the_estimate(amortised, monkeypatch):
+    monkeypatch.setattr(cpu_compiled, "FIRST_BUILD_ESTIMATE_S", 10.0)
+    assert cpu_compiled.expected_build_s() == 10.0  # the first also starts the toolchain
+    cpu_compiled._build_s.append(30.0)
+    assert cpu_compiled.expected_build_s() == 1.0  # the first's cost says little of the next
     cpu_compiled._build_s.extend([3.0, 5.0])
     assert cpu_compiled.expected_build_s() == 4.0
     x = torch.zeros(8)
@@ -87,6 +91,7 @@ def test_registry_ops_time_their_eager_runs_and_stay_exact(monkeypatch):
                         ("_eager_s", {}), ("_build_s", []), ("_model_calls", 0),
                         ("HOT_CALLS", cpu_compiled._DEFAULT_HOT_CALLS)):
         monkeypatch.setattr(cpu_compiled, name, value)
+    monkeypatch.setenv("TORCHQUANT_COMPILED_BUILD_ESTIMATE_S", "1")  # one estimate for all
     fn = kernels.implementations("quantize")["cpu_compiled"].fn
     x = torch.randn(40000, generator=torch.Generator().manual_seed(3)) * 3
     args = (x, torch.tensor(50.0), torch.tensor(7.0), -128, 127, torch.int8, affine.FMA)
@@ -99,3 +104,17 @@ def test_registry_ops_time_their_eager_runs_and_stay_exact(monkeypatch):
     assert key in cpu_compiled._kernels
     for out in eager:
         assert torch.equal(out, compiled)
+
+
+def test_a_build_expected_to_be_slow_is_said_before_it_starts(amortised, monkeypatch, caplog):
+    import logging
+    monkeypatch.setattr(cpu_compiled, "FIRST_BUILD_ESTIMATE_S", 5.0)
+    said = []
+    monkeypatch.setattr(cpu_compiled, "emit_once",
+                        lambda level, text, key: said.append((level, key, list(amortised))))
+    x = torch.zeros(8)
+    cpu_compiled.hot_kernel("plus_one", _formula, (x,), amortise=True)
+    cpu_compiled.note_eager_seconds(6.0)
+    assert cpu_compiled.hot_kernel("plus_one", _formula, (x,), amortise=True) is not None
+    # the warning came before the build (nothing built yet when it was said)
+    assert said == [(logging.WARNING, "build-start", [])]

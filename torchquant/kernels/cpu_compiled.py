@@ -26,8 +26,8 @@ over.  Never used while an outer ``torch.compile`` traces (the registry checks).
 
 Amortised builds (issue #15: a build must not stall an answer for long): the elementwise ops
 behind the kernel registry time their eager formula, and a signature is built only once the
-eager runs it has cost so far add up to what a build is expected to cost (:data:`BUILD_ESTIMATE_S`
-until this process has measured builds, then their mean).  A one-off shape never builds; a
+eager runs it has cost so far add up to what a build is expected to cost (:func:`expected_build_s`:
+an estimate until this process has measured builds, then their mean).  A one-off shape never builds; a
 shape that is run often builds after it has already spent about the build's time in eager
 runs, so waiting for the kernel never costs more than the eager runs it replaces (the ski-rental
 bound: at most twice the best choice in hindsight).  Setting ``TORCHQUANT_COMPILED_HOT_CALLS``
@@ -55,8 +55,12 @@ from .reference import (add_formula, dequantize_formula, fake_quantize_formula,
 log = logging.getLogger("torchquant")
 _DEFAULT_HOT_CALLS = 2
 HOT_CALLS = int(os.environ.get("TORCHQUANT_COMPILED_HOT_CALLS", str(_DEFAULT_HOT_CALLS)))
-# What one build is expected to cost before this process has measured any (seconds; ~0.7 s
-# measured with a warm inductor cache, several with an empty one).
+# What a build is expected to cost before this process has measured one (seconds).  The first
+# build of a process also starts inductor's C++ toolchain (measured with an empty inductor
+# cache: 71 s on a loaded 2-core machine, several seconds idle); later ones ~0.7 s with a warm
+# cache, a few seconds with an empty one.
+FIRST_BUILD_ESTIMATE_S = float(os.environ.get("TORCHQUANT_COMPILED_FIRST_BUILD_ESTIMATE_S",
+                                              "10.0"))
 BUILD_ESTIMATE_S = float(os.environ.get("TORCHQUANT_COMPILED_BUILD_ESTIMATE_S", "1.0"))
 # Seconds of eager runs per amortised signature so far, and the seconds each build took.
 _eager_s: dict[tuple, float] = {}
@@ -232,9 +236,15 @@ def _build(source: Callable, args: tuple) -> Callable[[list], Any]:
 
 
 def expected_build_s() -> float:
-    """What the next build is expected to cost: the mean of this process's builds so far (the
-    last 16), or :data:`BUILD_ESTIMATE_S` before the first."""
-    recent = _build_s[-16:]
+    """What the next build is expected to cost: :data:`FIRST_BUILD_ESTIMATE_S` before the
+    process's first build (it also starts inductor's toolchain), then the mean of the builds
+    after the first (the last 16), or :data:`BUILD_ESTIMATE_S` before there are any.  Setting
+    ``TORCHQUANT_COMPILED_BUILD_ESTIMATE_S`` fixes both estimates to its value."""
+    if not _build_s:
+        if "TORCHQUANT_COMPILED_BUILD_ESTIMATE_S" in os.environ:
+            return BUILD_ESTIMATE_S
+        return FIRST_BUILD_ESTIMATE_S
+    recent = _build_s[1:][-16:]
     return sum(recent) / len(recent) if recent else BUILD_ESTIMATE_S
 
 
@@ -254,6 +264,12 @@ def note_eager_seconds(seconds: float) -> None:
 
 
 def _build_timed(source: Callable, args: tuple) -> Callable[[list], Any]:
+    expected = expected_build_s()
+    if expected > SLOW_BUILD_S:  # said before the wait, not only after it
+        emit_once(logging.WARNING, f"building a compiled CPU kernel for a shape that repeats "
+                  f"(this one call may take ~{expected:.0f} s or more: the first build starts "
+                  "inductor's C++ toolchain; TORCHQUANT_KERNELS=reference avoids builds)",
+                  key="build-start")
     start = time.perf_counter()
     kernel = _build(source, args)
     took = time.perf_counter() - start
