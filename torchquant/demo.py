@@ -1,9 +1,12 @@
 """The demo behind ``make demo``: quantize the bundled models and print what was measured.
 
 1. A small CNN on scikit-learn's digits: float vs static PTQ vs QAT vs dynamic — accuracy,
-   size on disk, latency and speed-up.  Latencies are measured interleaved (float, torch.ao,
-   torchquant in turns, in this one process) and the ratio to torch.ao is given with its
-   spread over the rounds.  The torch.ao column needs torch.ao's namespace passed in as
+   size on disk, latency and speed-up.  torchquant runs two ways: the eager converted model
+   and ``torchquant.compile`` of it (torchquant's fastest path where it is faster; the build
+   is announced and timed).  Latencies are measured interleaved (float, torch.ao, torchquant
+   eager and compiled in turns, in this one process) and ratios are given with their spread
+   over the rounds.  The "torchquant" ratios use the faster of eager and compiled, and a note
+   says so where compiling did not pay.  The torch.ao column needs torch.ao's namespace passed in as
    ``peer`` (torchquant itself never imports it): ``make demo`` runs ``tools/demo.py``,
    which does; ``python -m torchquant demo`` prints torchquant and float only.
 2. The real all-MiniLM-L6-v2 (if the ``models`` extra is installed): ``quantize_dynamic`` with
@@ -31,6 +34,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import quantization as tq
+from ._compile import compile as _tq_compile
 from .examples import digits, minilm
 
 
@@ -106,6 +110,77 @@ def _table(title: str, header: list[str], rows: list[list[str]]) -> None:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
 
 
+class TimingCells:
+    """One model's timing cells at one batch size, and a note where compiling did not pay."""
+
+    def __init__(self, cells: list[str], note: str = ""):
+        self.cells, self.note = cells, note
+
+    @staticmethod
+    def header(with_peer: bool) -> list[str]:
+        cols = ["float ms", "eager ms", "compiled ms", "compiled/eager",
+                "speed-up vs float"]
+        if with_peer:
+            cols += ["torch.ao ms", "torchquant/torch.ao"]
+        return cols
+
+
+def timing_cells(float_model: torch.nn.Module, eager: Optional[torch.nn.Module],
+                 compiled: Optional[Callable], theirs: Optional[torch.nn.Module],
+                 x: torch.Tensor, repeat: int, with_peer: bool, rounds: int = 7) -> TimingCells:
+    """Time float, torchquant eager, torchquant compiled and torch.ao interleaved on ``x``.
+    The "torchquant" ratios use the faster of eager and compiled; where compiled is the slower
+    one the note says so (it is not hidden)."""
+    fns: dict[str, Callable[[], object]] = {"float": lambda: float_model(x)}
+    if eager is not None:
+        fns["eager"] = lambda: eager(x)
+    if compiled is not None:
+        fns["compiled"] = lambda: compiled(x)
+    if theirs is not None:
+        fns["torch.ao"] = lambda: theirs(x)
+    medians, per_round = _interleaved_ms(fns, rounds=rounds, repeat=repeat)
+    best = None
+    if eager is not None:
+        best = "eager"
+        if compiled is not None and medians["compiled"] < medians["eager"]:
+            best = "compiled"
+    cells = [f"{medians['float']:.3f}",
+             f"{medians['eager']:.3f}" if eager is not None else "",
+             f"{medians['compiled']:.3f}" if compiled is not None else "",
+             _ratio(per_round, "compiled", "eager") if compiled is not None else "",
+             _ratio(per_round, "float", best) if best else ""]
+    if with_peer:
+        cells += ["" if theirs is None else f"{medians['torch.ao']:.3f}",
+                  "" if theirs is None or best is None else _ratio(per_round, best, "torch.ao")]
+    note = ""
+    if best == "eager" and compiled is not None:
+        note = (f"torchquant.compile is SLOWER than eager here ({_ratio(per_round, 'compiled', 'eager')}"
+                " of eager's time), so the ratios use eager")
+    return TimingCells(cells, note)
+
+
+def _compile_models(models: dict[str, torch.nn.Module], inputs: dict[str, torch.Tensor]
+                    ) -> dict[str, Callable]:
+    """``torchquant.compile`` of each model, warmed up on each input shape (the build is the
+    slow part: it is announced and timed).  A model that fails to compile is left out, with a
+    line that says why."""
+    out: dict[str, Callable] = {}
+    for name, model in models.items():
+        _say(f"  {name}: torchquant.compile (inductor; builds for each batch size) ...")
+        start = time.perf_counter()
+        try:
+            fast = _tq_compile(model, dynamic=False)
+            with torch.no_grad():
+                for x in inputs.values():
+                    fast(x)
+        except Exception as exc:  # no C++ compiler, say: the demo goes on with eager
+            _say(f"    compile failed ({type(exc).__name__}: {str(exc)[:200]}); eager only")
+            continue
+        _say(f"    compiled in {time.perf_counter() - start:.1f} s")
+        out[name] = fast
+    return out
+
+
 def _peer_twin(float_model: torch.nn.Module, peer: Any) -> torch.nn.Module:
     """The same float model built with the peer's stubs (torch.ao's), same weights."""
     twin = digits.DigitsCNN(stubs=(peer.QuantStub, peer.DeQuantStub))
@@ -138,35 +213,43 @@ def digits_section(peer: Optional[Any] = None, peer_freeze_bn_stats: Optional[Ca
              + (" and torch.ao" if peer is not None else "") + " ...")
         models[name] = (recipe(float_model, None),
                         recipe(twin, peer) if peer is not None else None)
-    one = x_te[:1]
-    rows = []
+    headline = "static PTQ (fused, per-channel, histogram)"
+    # Compiling costs seconds per model and batch size: the headline model only (QAT's
+    # converted graph is the same shape), so that `make demo` stays short.
+    compiled = _compile_models({headline: models[headline][0]},
+                               {"batch": x_te, "one": x_te[:1]})
     base_size = _size_mb(float_model)
-    _say("  timing (interleaved: float, torch.ao, torchquant in turns) ...")
+    rows = []
     for name, (model, theirs) in models.items():
-        acc = digits.accuracy(model, x_te, y_te)
         size = _size_mb(model)
-        cells = [name, f"{acc:.2f}"]
+        cells = [name, f"{digits.accuracy(model, x_te, y_te):.2f}"]
         if peer is not None:
             cells.append("" if theirs is None else f"{digits.accuracy(theirs, x_te, y_te):.2f}")
-        cells += [f"{size * 1e3:.1f}", f"{size / base_size:.2f}"]
-        for x, reps in ((x_te, 2), (one, 20)):
-            fns = {"float": lambda: float_model(x), "torchquant": lambda: model(x)}
-            if theirs is not None:
-                fns["torch.ao"] = lambda: theirs(x)
-            medians, per_round = _interleaved_ms(fns, repeat=reps)
-            cells += [f"{medians['torchquant']:.3f}", _ratio(per_round, "float", "torchquant")]
-            if peer is not None:
-                cells += ["", ""] if theirs is None else [
-                    f"{medians['torch.ao']:.3f}", _ratio(per_round, "torchquant", "torch.ao")]
-        rows.append(cells)
-    header = ["model", "acc %"] + (["acc % torch.ao"] if peer is not None else []) + [
-        "size kB", "size/float"]
-    for batch in (len(y_te), 1):
-        header += [f"ms (batch {batch})", "speed-up vs float"]
-        if peer is not None:
-            header += ["torch.ao ms", "time vs torch.ao"]
-    _table(f"digits CNN, {len(y_te)} test images, {torch.get_num_threads()} threads "
-           "(medians of interleaved rounds; ratios: median (min-max) over rounds)", header, rows)
+        rows.append(cells + [f"{size * 1e3:.1f}", f"{size / base_size:.2f}"])
+    _table(f"digits CNN, {len(y_te)} test images: accuracy and size",
+           ["model", "acc %"] + (["acc % torch.ao"] if peer is not None else [])
+           + ["size kB", "size/float"], rows)
+    _say("\n  timing (interleaved: float, torch.ao, torchquant eager and compiled in turns) ...")
+    for x, reps in ((x_te, 2), (x_te[:1], 20)):
+        rows, notes = [], []
+        for name, (model, theirs) in models.items():
+            if name == "float":
+                continue
+            timed = timing_cells(float_model, model, compiled.get(name), theirs, x, reps,
+                                 peer is not None)
+            rows.append([name] + timed.cells)
+            if timed.note:
+                notes.append(f"{name}: {timed.note}")
+        _table(f"digits CNN latency, batch {len(x)}, {torch.get_num_threads()} threads (ms: "
+               "medians of interleaved rounds; ratios: median (min-max) over rounds; "
+               "\"torchquant\" = the faster of eager and torchquant.compile; compiled: the "
+               "static PTQ model only)", ["model"] + TimingCells.header(peer is not None), rows)
+        for note in notes:
+            print(f"  note: {note}")
+        if notes:
+            print("  (why: at this size the compiled graph still calls torchquant's ops one by "
+                  "one, and on AVX2 CPUs it splits each conv in two exact oneDNN calls; "
+                  "see BENCHMARKS.md)")
     return models["static PTQ (fused, per-channel, histogram)"][0], x_te
 
 

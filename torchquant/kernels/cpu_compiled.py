@@ -23,11 +23,24 @@ call too (converted models mark their calls, :func:`note_model_call`), so shapes
 of one forward repeat wait for the next call (or for ``_SAME_CALL_FACTOR`` times as many calls).
 If a build fails (no C++ compiler, say) the op marks itself unavailable and the reference takes
 over.  Never used while an outer ``torch.compile`` traces (the registry checks).
+
+Amortised builds (issue #15: a build must not stall an answer for long): the elementwise ops
+behind the kernel registry time their eager formula, and a signature is built only once the
+eager runs it has cost so far add up to what a build is expected to cost (:func:`expected_build_s`:
+an estimate until this process has measured builds, then their mean).  A one-off shape never builds; a
+shape that is run often builds after it has already spent about the build's time in eager
+runs, so waiting for the kernel never costs more than the eager runs it replaces (the ski-rental
+bound: at most twice the best choice in hindsight).  Setting ``TORCHQUANT_COMPILED_HOT_CALLS``
+(or :data:`HOT_CALLS`, or a caller's ``hot_calls``) to other than the default asks for the plain
+call count instead (tests; callers that know their shapes repeat).  Eager times are attributed
+to the signature the calling thread last asked for, so concurrent callers may mix them up: that
+only moves when a kernel builds, never what it computes.
 """
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -40,7 +53,19 @@ from .reference import (add_formula, dequantize_formula, fake_quantize_formula,
                         quantize_finite_formula, quantize_formula)
 
 log = logging.getLogger("torchquant")
-HOT_CALLS = int(os.environ.get("TORCHQUANT_COMPILED_HOT_CALLS", "2"))
+_DEFAULT_HOT_CALLS = 2
+HOT_CALLS = int(os.environ.get("TORCHQUANT_COMPILED_HOT_CALLS", str(_DEFAULT_HOT_CALLS)))
+# What a build is expected to cost before this process has measured one (seconds).  The first
+# build of a process also starts inductor's C++ toolchain (measured with an empty inductor
+# cache: 71 s on a loaded 2-core machine, several seconds idle); later ones ~0.7 s with a warm
+# cache, a few seconds with an empty one.
+FIRST_BUILD_ESTIMATE_S = float(os.environ.get("TORCHQUANT_COMPILED_FIRST_BUILD_ESTIMATE_S",
+                                              "10.0"))
+BUILD_ESTIMATE_S = float(os.environ.get("TORCHQUANT_COMPILED_BUILD_ESTIMATE_S", "1.0"))
+# Seconds of eager runs per amortised signature so far, and the seconds each build took.
+_eager_s: dict[tuple, float] = {}
+_build_s: list[float] = []
+_last_pending = threading.local()
 MAX_KERNELS = 256
 _broken: set[str] = set()
 _kernels: dict[tuple, Callable[[list], Any]] = {}
@@ -105,7 +130,7 @@ def _as_words(t: torch.Tensor) -> Optional[torch.Tensor]:
     return t.view(torch.int32)
 
 
-def add_kernel(args: tuple) -> Optional[Callable[[list], torch.Tensor]]:
+def add_kernel(args: tuple, amortise: bool = False) -> Optional[Callable[[list], torch.Tensor]]:
     """The compiled quantized add for ``args`` (:func:`_add`'s arguments) once hot, as a
     function of the list of its tensors returning the output; None before that or where
     compilation fails.  Same-length flat quint8 operands run four values to an int32 word."""
@@ -113,12 +138,12 @@ def add_kernel(args: tuple) -> Optional[Callable[[list], torch.Tensor]]:
     if (x_words is not None and y_words is not None and x_words.numel() == y_words.numel()
             and args[10] == torch.uint8):
         word_args = (x_words, y_words, *args[2:10], args[11])
-        kernel = compiled("add_words", word_args, source=_add_bytes_in_words)
+        kernel = compiled("add_words", word_args, source=_add_bytes_in_words, amortise=amortise)
         if kernel is None:
             return None
         return lambda inputs: kernel([inputs[0].view(torch.int32), inputs[1].view(torch.int32),
                                       *inputs[2:]])[0].view(torch.uint8)
-    kernel = compiled("add", args)
+    kernel = compiled("add", args, amortise=amortise)
     if kernel is None:
         return None
     return lambda inputs: kernel(inputs)[0]
@@ -210,10 +235,45 @@ def _build(source: Callable, args: tuple) -> Callable[[list], Any]:
     return lambda inputs: compiled(*inputs)
 
 
+def expected_build_s() -> float:
+    """What the next build is expected to cost: :data:`FIRST_BUILD_ESTIMATE_S` before the
+    process's first build (it also starts inductor's toolchain), then the mean of the builds
+    after the first (the last 16), or :data:`BUILD_ESTIMATE_S` before there are any.  Setting
+    ``TORCHQUANT_COMPILED_BUILD_ESTIMATE_S`` fixes both estimates to its value."""
+    if not _build_s:
+        if "TORCHQUANT_COMPILED_BUILD_ESTIMATE_S" in os.environ:
+            return BUILD_ESTIMATE_S
+        return FIRST_BUILD_ESTIMATE_S
+    recent = _build_s[1:][-16:]
+    return sum(recent) / len(recent) if recent else BUILD_ESTIMATE_S
+
+
+def stats() -> dict[str, float]:
+    """Kernels built in this process, the seconds all builds took and the longest one."""
+    return {"built": len(_build_s), "build_s": sum(_build_s),
+            "longest_build_s": max(_build_s, default=0.0)}
+
+
+def note_eager_seconds(seconds: float) -> None:
+    """Add an eager run's time to the signature the calling thread last asked a kernel for
+    (and got none): see the module docstring's amortised builds."""
+    key = getattr(_last_pending, "key", None)
+    if key is not None:
+        _last_pending.key = None
+        _eager_s[key] = _eager_s.get(key, 0.0) + seconds
+
+
 def _build_timed(source: Callable, args: tuple) -> Callable[[list], Any]:
+    expected = expected_build_s()
+    if expected > SLOW_BUILD_S:  # said before the wait, not only after it
+        emit_once(logging.WARNING, f"building a compiled CPU kernel for a shape that repeats "
+                  f"(this one call may take ~{expected:.0f} s or more: the first build starts "
+                  "inductor's C++ toolchain; TORCHQUANT_KERNELS=reference avoids builds)",
+                  key="build-start")
     start = time.perf_counter()
     kernel = _build(source, args)
     took = time.perf_counter() - start
+    _build_s.append(took)
     if took > SLOW_BUILD_S:
         emit_once(logging.WARNING, f"building a compiled CPU kernel took {took:.1f} s (an empty "
                   "inductor cache, probably); later builds are faster, and "
@@ -221,40 +281,57 @@ def _build_timed(source: Callable, args: tuple) -> Callable[[list], Any]:
     return kernel
 
 
-def hot_kernel(op: str, source: Callable, args: tuple,
-               hot_calls: Optional[int] = None) -> Optional[Callable[[list], Any]]:
+def _amortising() -> bool:
+    return ("TORCHQUANT_COMPILED_HOT_CALLS" not in os.environ
+            and HOT_CALLS == _DEFAULT_HOT_CALLS)
+
+
+def hot_kernel(op: str, source: Callable, args: tuple, hot_calls: Optional[int] = None,
+               amortise: bool = False) -> Optional[Callable[[list], Any]]:
     """The static kernel of ``source(*args)`` once this signature is hot (its ``hot_calls``-th
-    call, default ``HOT_CALLS``), else None (run it eager).  Call the kernel with the list of
-    ``args``' tensors, in order; it returns a tuple of outputs.  ``op`` names the formula:
-    one name, one ``source``."""
+    call, default ``HOT_CALLS``; with ``amortise``, and a signature seen with it before, also
+    only once its eager runs have cost what a build is expected to: then the caller reports
+    each eager run's time with :func:`note_eager_seconds`), else None (run it eager).  Call the
+    kernel with the list of ``args``' tensors, in order; it returns a tuple of outputs.
+    ``op`` names the formula: one name, one ``source``."""
     key = _signature(op, args)
     kernel = _kernels.get(key)
     if kernel is None:
         seen = _calls[key] = _calls.get(key, 0) + 1
         threshold = HOT_CALLS if hot_calls is None else hot_calls
         first_call = _first_seen_in.setdefault(key, _model_calls)
+        amortised = hot_calls is None and _amortising() and (amortise or key in _eager_s)
+        if amortised:
+            _eager_s.setdefault(key, 0.0)
+            _last_pending.key = key
         if seen < threshold:
             return None
         if (threshold > 1 and _model_calls and first_call == _model_calls
                 and seen < threshold * _SAME_CALL_FACTOR):
             return None  # only repeated within the model call it first appeared in
+        if amortised and _eager_s[key] < expected_build_s():
+            return None  # the eager runs have not yet paid for a build
+        _last_pending.key = None
         if len(_kernels) >= MAX_KERNELS:
             _kernels.clear()
             _calls.clear()
             _first_seen_in.clear()
+            _eager_s.clear()
         kernel = _kernels[key] = _build_timed(source, args)
     return kernel
 
 
 def compiled(op: str, args: tuple, source: Optional[Callable] = None,
-             hot_calls: Optional[int] = None) -> Optional[Callable[[list], Any]]:
+             hot_calls: Optional[int] = None, amortise: bool = False
+             ) -> Optional[Callable[[list], Any]]:
     """:func:`hot_kernel` of ``source`` (default: this module's formula ``op``), or None
     before the signature is hot or where compilation fails -- then for good, logged once:
     the caller runs its eager form."""
     if op in _broken:
         return None
     try:
-        return hot_kernel(op, _SOURCES[op] if source is None else source, args, hot_calls)
+        return hot_kernel(op, _SOURCES[op] if source is None else source, args, hot_calls,
+                          amortise)
     except Exception as exc:  # no C++ compiler, or an inductor that cannot build it
         _broken.add(op)
         log.warning("torchquant: compiled %s kernel unavailable (%s: %s); using the eager "
@@ -265,14 +342,20 @@ def compiled(op: str, args: tuple, source: Optional[Callable] = None,
 def _guarded(op: str):
     single = op != "fake_quantize"
 
+    def eager(args):
+        start = time.perf_counter()
+        out = _EAGER[op](*args)
+        note_eager_seconds(time.perf_counter() - start)
+        return out
+
     def run(*args):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if op == "add":
-            kernel = add_kernel(args)
-            return _EAGER[op](*args) if kernel is None else kernel(tensors)
-        kernel = compiled(op, args)
+            kernel = add_kernel(args, amortise=True)
+            return eager(args) if kernel is None else kernel(tensors)
+        kernel = compiled(op, args, amortise=True)
         if kernel is None:
-            return _EAGER[op](*args)
+            return eager(args)
         out = kernel(tensors)
         return out[0] if single else tuple(out)
     return run
