@@ -89,6 +89,8 @@ class PackedConvWeight:
     # The sparse high half's tables (_sparse_plan): the weight as rows of taps per input
     # channel, and per input shape the scaling order and scatter table.
     sparse_taps: dict = field(default_factory=dict, repr=False)
+    # The stride-1 packing of a strided 1x1 conv (_unit_stride_twin), built on first use.
+    unit_stride_twin: list = field(default_factory=list, repr=False)
 
     @property
     def spatial_dims(self) -> int:
@@ -341,9 +343,47 @@ def _channels_last(y: torch.Tensor) -> torch.Tensor:
 _Plan = Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
 
 
+def _strided_pointwise(packed: PackedConvWeight) -> bool:
+    """A 1x1 conv without padding and with a stride > 1 (a ResNet downsample)."""
+    return (not packed.transposed and packed.stride != (1,) * packed.spatial_dims
+            and all(k == 1 for k in packed.weight.shape[2:])
+            and packed.padding == (0,) * packed.spatial_dims)
+
+
+def _unit_stride_twin(packed: PackedConvWeight) -> PackedConvWeight:
+    """The same weight packed with stride 1, for :func:`_subsampled` inputs.
+
+    Why: oneDNN's int8 1x1 strided conv on AVX2 (torch 2.13) reads memory it never wrote for
+    some small inputs -- e.g. [1, 8, 4, 4] or [1, 24, 4, 4] at stride 2 gave a different
+    result on each call, with or without a shape-sized weight.  A 1x1 conv with stride s and
+    no padding is the stride-1 conv of every s-th input position (the same integers), and
+    oneDNN's stride-1 kernel showed no such variation."""
+    if not packed.unit_stride_twin:
+        args = list(packed._pack_args())
+        args[5] = (1,) * packed.spatial_dims
+        packed.unit_stride_twin.append(pack_conv_weight(*args))
+    return packed.unit_stride_twin[0]
+
+
+def _subsampled(x: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """Every ``stride``-th spatial position of ``x``, channels-last (oneDNN's layout)."""
+    return _channels_last(x[(slice(None), slice(None), *(slice(None, None, s) for s in stride))])
+
+
 def _onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedConvWeight,
                  out_scale: Scalar, out_zp: Scalar, post_op: PostOp,
                  other: Optional[torch.Tensor]) -> _Plan:
+    if _strided_pointwise(packed):
+        stride = packed.stride
+        inner = _onednn_plan_unit(_subsampled(x, stride), x_scale, x_zp,
+                                  _unit_stride_twin(packed), out_scale, out_zp, post_op, other)
+        return lambda x_int, other: inner(_subsampled(x_int, stride), other)
+    return _onednn_plan_unit(x, x_scale, x_zp, packed, out_scale, out_zp, post_op, other)
+
+
+def _onednn_plan_unit(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedConvWeight,
+                      out_scale: Scalar, out_zp: Scalar, post_op: PostOp,
+                      other: Optional[torch.Tensor]) -> _Plan:
     """The oneDNN conv for inputs like ``x`` (and an added ``other`` like this one) with these
     qparams and post-op, its arguments bound: ``plan(x_int, other)``.
 
@@ -541,5 +581,7 @@ def conv_exact_float(x: torch.Tensor, x_scale: float, x_zp: int,
     floats are those of always splitting (the ``hi`` half of an input below 128 is zero)."""
     if packed.onednn_weight is None or packed.transposed:
         raise ValueError("conv_exact_float needs a oneDNN-packed (non-transposed) conv weight")
+    if _strided_pointwise(packed):  # see _unit_stride_twin
+        x, packed = _subsampled(x, packed.stride), _unit_stride_twin(packed)
     bits = _sparse.high_bits(x, _sparse_pays(packed, x))
     return _halves_float(x, bits, float(x_scale), int(x_zp), packed)
