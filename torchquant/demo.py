@@ -248,8 +248,8 @@ def digits_section(peer: Optional[Any] = None, peer_freeze_bn_stats: Optional[Ca
             print(f"  note: {note}")
         if notes:
             print("  (why: at this size the compiled graph still calls torchquant's ops one by "
-                  "one, and on AVX2 CPUs it splits each conv in two exact oneDNN calls; "
-                  "see BENCHMARKS.md)")
+                  "one through the dispatcher, and the eager model's cached per-layer plans "
+                  "skip more of that work; see BENCHMARKS.md)")
     return models["static PTQ (fused, per-channel, histogram)"][0], x_te
 
 
