@@ -167,3 +167,18 @@ def test_float_functional_ops_and_observer_hook():
     assert len(seen) == 5  # add, mul, cat, add_relu, matmul; the scalar ops are not observed
     assert not hasattr(fx, "activation_post_process")
     assert not isinstance(ff, FXFloatFunctional)
+
+
+@pytest.mark.parametrize("op", ["add", "add_relu", "mul"])
+def test_per_channel_inputs_raise_runtime_error_as_torch(op):
+    """torch's quantized add / mul refuse per-channel inputs with a RuntimeError; ours too
+    (NotImplementedError, a RuntimeError), naming the op and the scheme (add raised a
+    scalar-conversion ValueError from deep inside before)."""
+    x = torch.randn(4, 3)
+    scales, zps = torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0, 0, 0])
+    q_torch = torch.quantize_per_channel(x, scales, zps, 1, torch.qint8)
+    with pytest.raises(RuntimeError):
+        getattr(nnq.QFunctional(), op)(q_torch, q_torch)
+    q = tq.quantize_per_channel(x, scales, zps, 1, tq.qint8)
+    with pytest.raises(RuntimeError, match=f"quantized.{op} supports per-tensor"):
+        getattr(QFunctional(), op)(q, q)

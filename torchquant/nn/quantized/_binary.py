@@ -9,7 +9,7 @@ from typing import Sequence
 
 from ...qtensor import QTensor
 from ...ops import binary as _ops_binary
-from ..._validation import require_quantized
+from ..._validation import require_per_tensor, require_quantized
 
 __all__ = ["add", "mul", "add_scalar", "mul_scalar", "cat", "matmul", "prelu"]
 
@@ -26,6 +26,9 @@ def add(a: QTensor, b: QTensor, scale: float, zero_point: int, relu: bool = Fals
     """``quantize(a + b)`` with output qparams (scale, zero_point); ``relu`` clamps at 0 first."""
     if type(a) is not QTensor or type(b) is not QTensor or a.qdtype is not b.qdtype:
         _same_dtype(a, b, "add_relu" if relu else "add")
+    if a.axis is not None or b.axis is not None:  # (a RuntimeError subclass, as torch's)
+        require_per_tensor(a, "add_relu" if relu else "add")
+        require_per_tensor(b, "add_relu" if relu else "add")
     a_s, a_z = a._scale_zp()
     b_s, b_z = b._scale_zp()
     qd = a.qdtype
