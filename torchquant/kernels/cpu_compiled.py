@@ -56,9 +56,8 @@ log = logging.getLogger("torchquant")
 _DEFAULT_HOT_CALLS = 2
 HOT_CALLS = int(os.environ.get("TORCHQUANT_COMPILED_HOT_CALLS", str(_DEFAULT_HOT_CALLS)))
 # What a build is expected to cost before this process has measured one (seconds).  The first
-# build of a process also starts inductor's C++ toolchain (measured with an empty inductor
-# cache: 71 s on a loaded 2-core machine, several seconds idle); later ones ~0.7 s with a warm
-# cache, a few seconds with an empty one.
+# build of a process also starts inductor's C++ toolchain and costs far more than later ones
+# (BENCHMARKS.md, "first use").
 FIRST_BUILD_ESTIMATE_S = float(os.environ.get("TORCHQUANT_COMPILED_FIRST_BUILD_ESTIMATE_S",
                                               "10.0"))
 BUILD_ESTIMATE_S = float(os.environ.get("TORCHQUANT_COMPILED_BUILD_ESTIMATE_S", "1.0"))

@@ -2,9 +2,8 @@
 
 A recurrent step multiplies a handful of rows (the batch) by the hidden weight.  On CPUs
 whose u8 x s8 dot products saturate int16 pairs (AVX2, AVX-512 without VNNI) oneDNN's int8
-GEMM is slow at such shapes (measured on an AVX2 EPYC, 2 threads: 8x512 -> 2048 in ~340 us,
-1x256 -> 1024 in ~90 us), slower than a float32 GEMM of the same shape (mkldnn-packed: ~190
-us; MKL's GEMV at one row: ~30 us).
+GEMM is slow at such shapes, slower than a float32 GEMM of the same shape (oneDNN-packed, or
+MKL's GEMV at one row; BENCHMARKS.md, 2026-12-04, has the measurements).
 
 The integers can go through a float32 GEMM unchanged: the activation codes minus their zero
 point lie in [-255, 255] and the weights in [-128, 127], so every product is an integer below
