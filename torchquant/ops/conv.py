@@ -38,6 +38,19 @@ def _pack(weight: torch.Tensor, weight_scale: torch.Tensor, weight_zero_point: t
 _PACKS = PackCache(_pack)
 
 
+def packed_conv_weight(weight: torch.Tensor, weight_scale: torch.Tensor,
+                       weight_zero_point: torch.Tensor, bias: Optional[torch.Tensor],
+                       weight_axis: int, stride: tuple, padding: tuple, dilation: tuple,
+                       groups: int, transposed: bool = False,
+                       output_padding: Optional[tuple] = None) -> PackedConvWeight:
+    """The conv weight packed for this geometry once, shared by every op call (and graph
+    lowering) that passes the same tensors; ``output_padding`` defaults to zeros."""
+    if output_padding is None:
+        output_padding = (0,) * len(stride)
+    return _PACKS.get(weight, weight_scale, weight_zero_point, bias, weight_axis, stride,
+                      padding, dilation, groups, transposed, output_padding)
+
+
 def _graph_weight(p: PackedConvWeight) -> tuple:
     return (p.weight, *weight_qparams(p.weight_scale, p.weight_zero_point, p.axis), p.bias,
             0 if p.axis is None else p.axis)

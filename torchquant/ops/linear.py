@@ -35,6 +35,14 @@ def pack_linear(weight: torch.Tensor, weight_scale: torch.Tensor,
 _PACKS = PackCache(pack_linear)
 
 
+def packed_linear_weight(weight: torch.Tensor, weight_scale: torch.Tensor,
+                         weight_zero_point: torch.Tensor,
+                         bias: Optional[torch.Tensor]) -> PackedLinearWeight:
+    """:func:`pack_linear` of these tensors, packed once and shared by every op call (and graph
+    lowering) that passes the same tensors."""
+    return _PACKS.get(weight, weight_scale, weight_zero_point, bias)
+
+
 def _graph_args(packed: PackedLinearWeight) -> tuple:
     return (packed.weight,
             *weight_qparams(packed.weight_scale, packed.weight_zero_point, packed.axis),

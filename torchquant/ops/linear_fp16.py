@@ -73,6 +73,13 @@ def _compute(x: torch.Tensor, weight32: torch.Tensor, bias: Optional[torch.Tenso
 _PACKS = PackCache(pack_linear_fp16)
 
 
+def packed_linear_fp16_weight(weight: torch.Tensor,
+                              bias: Optional[torch.Tensor]) -> PackedLinearFp16Weight:
+    """:func:`pack_linear_fp16` of these tensors, packed once and shared by every call that
+    passes the same tensors."""
+    return _PACKS.get(weight, bias)
+
+
 @torch.library.custom_op("torchquant::linear_dynamic_fp16", mutates_args=())
 def _linear_dynamic_fp16_op(x: torch.Tensor, weight: torch.Tensor,
                             bias: Optional[torch.Tensor], relu: bool) -> torch.Tensor:

@@ -42,9 +42,9 @@ from .. import kernels as _kernels
 from ..kernels import linear as _klinear
 from ..kernels import linear_small_m as _small_m
 from ..kernels.linear import PackedLinearWeight
-from ._library import PackCache, weight_qparams
-from .linear import pack_linear
-from .linear_fp16 import PackedLinearFp16Weight, pack_linear_fp16
+from ._library import weight_qparams
+from .linear import packed_linear_weight
+from .linear_fp16 import PackedLinearFp16Weight, packed_linear_fp16_weight
 
 __all__ = ["lstm_step", "gru_step", "rnn_step", "hidden_projection", "input_projection",
            "GateWeight"]
@@ -177,10 +177,6 @@ def _rnn_step(ih: Tensor, h: Tensor, packed: GateWeight, reduce_range: bool,
 
 # ---- graph form: the hidden weight as plain tensors -----------------------------------------
 
-_INT8_PACKS = PackCache(pack_linear)
-_FP16_PACKS = PackCache(pack_linear_fp16)
-
-
 def _graph_args(packed: GateWeight) -> tuple:
     if isinstance(packed, PackedLinearFp16Weight):
         return packed.weight, None, None, packed.bias
@@ -192,10 +188,10 @@ def _graph_args(packed: GateWeight) -> tuple:
 def _unpack(weight: Tensor, weight_scale: Optional[Tensor], weight_zero_point: Optional[Tensor],
             bias: Optional[Tensor]) -> GateWeight:
     if weight.dtype == torch.float16:
-        return _FP16_PACKS.get(weight, bias)
+        return packed_linear_fp16_weight(weight, bias)
     if weight_scale is None or weight_zero_point is None:
         raise ValueError("an int8 hidden weight needs its scale and zero point")
-    return _INT8_PACKS.get(weight, weight_scale, weight_zero_point, bias)
+    return packed_linear_weight(weight, weight_scale, weight_zero_point, bias)
 
 
 def _check_nonlinearity(nonlinearity: str) -> None:
@@ -250,7 +246,7 @@ def _(ih, h, weight, weight_scale, weight_zero_point, bias, reduce_range, nonlin
 def _input_projection_op(x: Tensor, weight: Tensor, weight_scale: Tensor,
                          weight_zero_point: Tensor, bias: Optional[Tensor],
                          reduce_range: bool) -> Tensor:
-    return _input_projection(x, _INT8_PACKS.get(weight, weight_scale, weight_zero_point, bias),
+    return _input_projection(x, packed_linear_weight(weight, weight_scale, weight_zero_point, bias),
                              reduce_range)
 
 

@@ -287,6 +287,17 @@ def _replace(model: GraphModule, first: Node, last: Node, module: torch.nn.Modul
     last.replace_all_uses_with(fused)
 
 
+def _int8_weight_and_bias(model: GraphModule, w: Any, b: Any
+                          ) -> Optional[tuple[tuple, Optional[torch.Tensor]]]:
+    """((int8 codes, scale, zero point, axis), bias) of a conv / linear node's weight and bias
+    arguments, or None where they are not a constant int8 weight and a constant (or no) bias."""
+    weight = _weight(model, w)
+    ok_bias, bias = _bias(model, b)
+    if weight is None or not ok_bias or weight[0].dtype != torch.int8:
+        return None
+    return weight, bias
+
+
 def _fuse_static(model: GraphModule, node: Node) -> bool:
     is_conv = node.target in _CONV
     if is_conv:
@@ -298,10 +309,10 @@ def _fuse_static(model: GraphModule, node: Node) -> bool:
         x, w = node.args[:2]
         b = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
     deq = _act_dq(x)
-    weight = _weight(model, w)
-    ok_bias, bias = _bias(model, b)
-    if deq is None or weight is None or not ok_bias or weight[0].dtype != torch.int8:
+    weight_bias = _int8_weight_and_bias(model, w, b)
+    if deq is None or weight_bias is None:
         return False
+    weight, bias = weight_bias
     x_dtype = _dtype(deq[0])
     tail = _tail(node)
     if tail is None:
@@ -313,10 +324,9 @@ def _fuse_static(model: GraphModule, node: Node) -> bool:
     if is_conv:
         if x_dtype != torch.uint8 or out_qdtype.name != "quint8":
             return False
-        n = _CONV[node.target]
-        packed = _ops_conv._PACKS.get(w_int, *weight_qparams(w_scale, w_zp, axis), bias,
-                                      axis or 0, stride, padding, dilation, groups, False,
-                                      (0,) * n)
+        packed = _ops_conv.packed_conv_weight(w_int, *weight_qparams(w_scale, w_zp, axis),
+                                              bias, axis or 0, stride, padding, dilation,
+                                              groups)
         module: torch.nn.Module = LoweredConv(packed, deq[1], deq[2], out_scale, out_zp,
                                               post_op, *(other[1:] if other else (1.0, 0)))
         prefix = "lowered_conv_"
@@ -324,7 +334,7 @@ def _fuse_static(model: GraphModule, node: Node) -> bool:
         if x_dtype not in (torch.uint8, torch.int8) or out_qdtype.name not in ("quint8",
                                                                               "qint8"):
             return False
-        packed = _ops_linear._PACKS.get(w_int, *weight_qparams(w_scale, w_zp, axis), bias)
+        packed = _ops_linear.packed_linear_weight(w_int, *weight_qparams(w_scale, w_zp, axis), bias)
         module = LoweredLinear(packed, deq[1], deq[2], out_scale, out_zp,
                                out_qdtype.storage_dtype, post_op,
                                *(other[1:] if other else (1.0, 0)))
@@ -363,12 +373,11 @@ def _fuse_dynamic(model: GraphModule, node: Node) -> bool:
     x, w = node.args[:2]
     b = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
     dyn = _dynamic_input(x)
-    weight = _weight(model, w)
-    ok_bias, bias = _bias(model, b)
-    if dyn is None or weight is None or not ok_bias or weight[0].dtype != torch.int8:
+    weight_bias = _int8_weight_and_bias(model, w, b)
+    if dyn is None or weight_bias is None:
         return False
-    w_int, w_scale, w_zp, axis = weight
-    packed = _ops_linear._PACKS.get(w_int, *weight_qparams(w_scale, w_zp, axis), bias)
+    (w_int, w_scale, w_zp, axis), bias = weight_bias
+    packed = _ops_linear.packed_linear_weight(w_int, *weight_qparams(w_scale, w_zp, axis), bias)
     relu = _only_user(node)
     last = relu if _is(relu, _RELU) else node
     _replace(model, node, last, LoweredDynamicLinear(packed, dyn[1], last is not node),
