@@ -337,6 +337,15 @@ def _single_quantize_user(node: Node) -> Optional[Node]:
     return None
 
 
+def _between_dequantize_and_quantize(node: Node) -> Optional[tuple[Node, Node]]:
+    """(the dequantize ``node`` reads first, the one quantize that reads ``node``) where
+    ``node`` sits between the two; None otherwise."""
+    if not node.args or not _is_dequantize(node.args[0]):
+        return None
+    quant_out = _single_quantize_user(node)
+    return None if quant_out is None else (node.args[0], quant_out)
+
+
 def _quantized_output(gm: GraphModule, node: Node, modules: dict[str, torch.nn.Module]
                       ) -> Optional[tuple[bool, Node, Node, float, int]]:
     """How ``node``'s result leaves the quantized region: ``(relu, tail, quantize_node, scale,
@@ -520,12 +529,10 @@ def _lower_share(gm: GraphModule, node: Node, keep_output_qparams: bool = False)
     directly on the QTensor and keeps its input's qparams; the quantize after it is dropped even
     when its qparams differ (torch's lowering does the same: the op's output inherits the
     input's scale and zero point)."""
-    if not node.args or not _is_dequantize(node.args[0]):
+    between = _between_dequantize_and_quantize(node)
+    if between is None:
         return
-    dq = node.args[0]
-    quant_out = _single_quantize_user(node)
-    if quant_out is None:
-        return
+    dq, quant_out = between
     node.args = (dq.args[0], *node.args[1:])
     node.meta["torchquant_qparams"] = _qparams(gm, quant_out if keep_output_qparams
                                                else dq.args[0])
@@ -729,12 +736,10 @@ def _lower_output_qparams_module(gm: GraphModule, modules: dict[str, torch.nn.Mo
                                  node: Node, module: torch.nn.Module) -> None:
     """``dequantize -> module -> quantize`` -> the quantized module with the quantize's
     qparams as its output qparams."""
-    if not node.args or not _is_dequantize(node.args[0]):
+    between = _between_dequantize_and_quantize(node)
+    if between is None:
         return
-    dq = node.args[0]
-    quant_out = _single_quantize_user(node)
-    if quant_out is None:
-        return
+    dq, quant_out = between
     scale, zp = _qparams(gm, quant_out)
     qmod = _LOWER_OUTPUT_QPARAMS_MODULES[type(module)].from_reference(module, scale, zp)
     _set_module(gm, str(node.target), qmod)
