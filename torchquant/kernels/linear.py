@@ -700,20 +700,29 @@ def dynamic_linear(x_float: torch.Tensor, packed: PackedLinearWeight, reduce_ran
     the top of the range can land on 128.  ``reduce_range=False`` gives qnnpack's numbers.
     """
     def kernel(x2d: torch.Tensor) -> torch.Tensor:
-        mn, mx = torch.aminmax(x2d)
-        if torch.compiler.is_compiling():
-            scale, zp = affine.choose_qparams_aten(mn, mx, 0, 255, False, reduce_range)
-        else:  # the scalar form of the same rule: microseconds instead of ~40 tensor ops
-            s, z = affine.choose_qparams_aten_scalar(mn.item(), mx.item(), 0, 255, False,
-                                                     reduce_range)
-            inv, zp_f = affine.finite_per_tensor_operands(x2d, s, z)
-            x_q = get("quantize_finite", x2d)(x2d, inv, zp_f, 0, 255, torch.uint8)
-            fn = get("dynamic_linear", x_q, packed=packed)
-            return fn(x_q, s, z, packed, relu)
-        x_q = affine.quantize_int(x2d, scale, zp, 0, 255, torch.uint8)
-        fn = get("dynamic_linear", x_q, packed=packed)
-        return fn(x_q, scale, zp, packed, relu)
+        fn = get("dynamic_linear_float", x2d, packed=packed, reduce_range=reduce_range)
+        return fn(x2d, packed, reduce_range, relu)
     return _float_linear_out(x_float, packed, kernel, "dynamic_linear")
+
+
+@register("dynamic_linear_float", "reference")
+def _dynamic_linear_float_reference(x2d: torch.Tensor, packed: PackedLinearWeight,
+                                    reduce_range: bool, relu: bool) -> torch.Tensor:
+    """The dynamic Linear of a 2-D float32 input in plain torch: quantize (ATen's qparams),
+    then the registry's ``dynamic_linear`` on the integers (the native kernel does it all)."""
+    mn, mx = torch.aminmax(x2d)
+    if torch.compiler.is_compiling():
+        scale, zp = affine.choose_qparams_aten(mn, mx, 0, 255, False, reduce_range)
+    else:  # the scalar form of the same rule: microseconds instead of ~40 tensor ops
+        s, z = affine.choose_qparams_aten_scalar(mn.item(), mx.item(), 0, 255, False,
+                                                 reduce_range)
+        inv, zp_f = affine.finite_per_tensor_operands(x2d, s, z)
+        x_q = get("quantize_finite", x2d)(x2d, inv, zp_f, 0, 255, torch.uint8)
+        fn = get("dynamic_linear", x_q, packed=packed)
+        return fn(x_q, s, z, packed, relu)
+    x_q = affine.quantize_int(x2d, scale, zp, 0, 255, torch.uint8)
+    fn = get("dynamic_linear", x_q, packed=packed)
+    return fn(x_q, scale, zp, packed, relu)
 
 
 @register("dynamic_linear", "reference")
