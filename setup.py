@@ -24,7 +24,9 @@ if os.environ.get("TORCHQUANT_BUILD_NATIVE", "1") != "0":
             sources=sorted(os.path.join(csrc, f) for f in os.listdir(os.path.join(here, csrc))
                            if f.endswith(".cpp")),
             # no -march: fbgemm picks AVX2 / AVX-512 / VNNI kernels at run time
-            extra_compile_args=["-O3"],
+            # -fopenmp: ATen's inline parallel_for is OpenMP (libgomp comes with torch)
+            extra_compile_args=["-O3", "-fopenmp"],
+            extra_link_args=["-fopenmp"],
         )]
         cmdclass = {"build_ext": BuildExtension.with_options(no_python_abi_suffix=True)}
 

@@ -80,7 +80,7 @@ def available() -> bool:
         reason = _reason()
         ok = _state["ok"] = reason is None
         if ok:
-            emit_once(logging.DEBUG, f"native kernels: fbgemm ({isa()})", key="native-kernels")
+            emit_once(logging.DEBUG, "native kernels: fbgemm", key="native-kernels")
         else:
             level = logging.INFO if "not built" in reason or "failed" in reason else logging.DEBUG
             emit_once(level, f"native kernels unavailable ({reason}); using the Python kernels",
@@ -94,22 +94,38 @@ def describe() -> str:
     return f"native fbgemm kernels ({isa()})" if reason is None else f"Python kernels ({reason})"
 
 
+def _require() -> None:
+    if not available():
+        raise RuntimeError(f"torchquant's native kernels are not available: {describe()}")
+
+
 def isa() -> str:
     """The instruction set fbgemm's kernels use now ('avx2', 'avx512', 'avx512_vnni', ...)."""
-    return torch.ops.torchquant_native.fbgemm_isa()
+    current = _state.get("isa")
+    if current is None:
+        _require()
+        current = _state["isa"] = torch.ops.torchquant_native.fbgemm_isa()
+    return current
 
 
 def exact_u8() -> bool:
     """Whether fbgemm's u8 x s8 products are exact for every uint8 code (VNNI); AVX2 and
     AVX-512 without VNNI saturate int16 pairs, so only reduce_range activations (0..127, at
     most 128 after rounding) are exact there."""
-    return bool(torch.ops.torchquant_native.fbgemm_exact_u8())
+    exact = _state.get("exact_u8")
+    if exact is None:
+        _require()
+        exact = _state["exact_u8"] = bool(torch.ops.torchquant_native.fbgemm_exact_u8())
+    return exact
 
 
 def force_isa(name: str) -> None:
     """Force fbgemm (this process, torch.ao's fbgemm included) down to ``name`` ('avx2',
     'avx512', 'avx512_vnni', ...) or back to 'auto'.  Packs are kept per instruction set."""
+    _require()
     torch.ops.torchquant_native.fbgemm_force_isa(name)
+    _state.pop("isa", None)
+    _state.pop("exact_u8", None)
 
 
 # packed weight -> {instruction set: FbgemmLinearPack}

@@ -11,7 +11,10 @@
 #include <ATen/Parallel.h>
 
 #include <fbgemm/Fbgemm.h>
+#include <fbgemm/QuantUtils.h>
 #include <fbgemm/Utils.h>
+
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -119,37 +122,43 @@ static QParams choose_qparams(float mn, float mx, int32_t qmin, int32_t qmax, bo
   return {static_cast<float>(scale), zp};
 }
 
-// min and max of x; a NaN or infinity anywhere makes both NaN (the qparam rule then raises).
-static void min_max_finite(const float* x, int64_t n, float* mn_out, float* mx_out) {
-  constexpr int L = 16;
-  float mn[L], mx[L], bad[L];
-  for (int j = 0; j < L; ++j) {
-    mn[j] = std::numeric_limits<float>::infinity();
-    mx[j] = -std::numeric_limits<float>::infinity();
-    bad[j] = 0.0f;
-  }
+// min and max of x in one pass, as fbgemm's FindMinMax (what torch.ao's dynamic Linear
+// uses) plus a finiteness check: x * 0 is 0 for finite x and NaN otherwise, and a NaN or
+// infinity anywhere makes both results NaN, so the qparam rule raises instead of quantizing
+// garbage.  AVX2 is there whenever fbgemm runs (supported()), so the loop is built for it.
+__attribute__((target("avx2"))) static void min_max_finite(const float* x, int64_t n,
+                                                           float* mn_out, float* mx_out) {
+  float lo = std::numeric_limits<float>::infinity(), hi = -lo, sentinel = 0.0f;
   int64_t i = 0;
-  for (; i + L <= n; i += L) {
-    for (int j = 0; j < L; ++j) {
-      const float v = x[i + j];
-      mn[j] = v < mn[j] ? v : mn[j];
-      mx[j] = v > mx[j] ? v : mx[j];
-      bad[j] += v * 0.0f;  // 0 for finite v, NaN otherwise
+  if (n >= 16) {
+    const __m256 zero = _mm256_setzero_ps();
+    __m256 lo0 = _mm256_set1_ps(lo), lo1 = lo0, hi0 = _mm256_set1_ps(hi), hi1 = hi0;
+    __m256 bad0 = zero, bad1 = zero;
+    for (; i + 16 <= n; i += 16) {
+      const __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+      lo0 = _mm256_min_ps(lo0, v0);
+      lo1 = _mm256_min_ps(lo1, v1);
+      hi0 = _mm256_max_ps(hi0, v0);
+      hi1 = _mm256_max_ps(hi1, v1);
+      bad0 = _mm256_add_ps(bad0, _mm256_mul_ps(v0, zero));
+      bad1 = _mm256_add_ps(bad1, _mm256_mul_ps(v1, zero));
+    }
+    alignas(32) float l[8], h[8], b[8];
+    _mm256_store_ps(l, _mm256_min_ps(lo0, lo1));
+    _mm256_store_ps(h, _mm256_max_ps(hi0, hi1));
+    _mm256_store_ps(b, _mm256_add_ps(bad0, bad1));
+    for (int j = 0; j < 8; ++j) {
+      lo = std::min(lo, l[j]);
+      hi = std::max(hi, h[j]);
+      sentinel += b[j];
     }
   }
-  float lo = std::numeric_limits<float>::infinity(), hi = -lo, sentinel = 0.0f;
   for (; i < n; ++i) {
-    const float v = x[i];
-    lo = v < lo ? v : lo;
-    hi = v > hi ? v : hi;
-    sentinel += v * 0.0f;
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+    sentinel += x[i] * 0.0f;
   }
-  for (int j = 0; j < L; ++j) {
-    lo = mn[j] < lo ? mn[j] : lo;
-    hi = mx[j] > hi ? mx[j] : hi;
-    sentinel += bad[j];
-  }
-  if (sentinel != 0.0f) {  // NaN
+  if (sentinel != 0.0f) {
     lo = hi = std::numeric_limits<float>::quiet_NaN();
   }
   *mn_out = lo;
