@@ -25,7 +25,8 @@ if os.environ.get("TORCHQUANT_BUILD_NATIVE", "1") != "0":
                            if f.endswith(".cpp")),
             # no -march: fbgemm picks AVX2 / AVX-512 / VNNI kernels at run time
             # -fopenmp: ATen's inline parallel_for is OpenMP (libgomp comes with torch)
-            extra_compile_args=["-O3", "-fopenmp"],
+            # -ffp-contract=off: the fused cell loops round every product / sum as ATen does
+            extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off"],
             extra_link_args=["-fopenmp"],
         )]
         cmdclass = {"build_ext": BuildExtension.with_options(no_python_abi_suffix=True)}

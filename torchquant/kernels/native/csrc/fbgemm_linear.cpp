@@ -9,6 +9,7 @@
 #include <torch/custom_class.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
 
 #include <fbgemm/Fbgemm.h>
 #include <fbgemm/QuantUtils.h>
@@ -298,6 +299,162 @@ at::Tensor fbgemm_linear_dynamic(const at::Tensor& x, const c10::intrusive_ptr<F
   return out;
 }
 
+// ---- fused cell arithmetic ---------------------------------------------------------------
+// torch's CPU cell runs ~10 elementwise ATen ops per step; on small states their dispatch
+// costs more than the arithmetic.  These loops do the same float operations in the same order
+// in a few passes: ATen's vectorized float sigmoid is 1 / (1 + exp(-x)) with Sleef's exp (the
+// u10 version, exported by libtorch) at the vector width ATen dispatches to (AVX2 or AVX-512),
+// its float tanh is MKL's vmsTanh in the mode ATen passes, and every product and sum is
+// rounded on its own (built with -ffp-contract=off).  ATen's vector loop covers whole blocks
+// of 2 vectors and leaves a scalar tail; with the hidden size a multiple of 32 no row has a
+// tail, so only then (and with ATen on AVX2 or AVX-512) are the fused loops used, else the
+// ATen ops themselves.
+
+extern "C" {
+__m512 Sleef_expf16_u10(__m512);
+__m256 Sleef_expf8_u10(__m256);
+// MKL's vector tanh, which ATen's float tanh calls (libtorch exports it; LP64 MKL).
+void vmsTanh(int n, const float* a, float* r, long long mode);
+}
+
+// ATen's mode for it: high accuracy, denormals kept, errors ignored (MKL's VML_HA,
+// VML_FTZDAZ_OFF, VML_ERRMODE_IGNORE).
+static constexpr long long kVmlMode = 0x00000002LL | 0x00140000LL | 0x00000100LL;
+
+static inline void tanh_like_aten(const float* in, float* out, int64_t n) {
+  vmsTanh(static_cast<int>(n), in, out, kVmlMode);
+}
+
+enum class GateIsa { none, avx2, avx512 };
+
+static GateIsa gate_isa() {
+  const std::string cap = at::get_cpu_capability();
+  if (cap == "AVX512") return GateIsa::avx512;
+  if (cap == "AVX2") return GateIsa::avx2;
+  return GateIsa::none;
+}
+
+#define TQ_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")))
+#define TQ_AVX2 __attribute__((target("avx2,fma")))
+
+TQ_AVX512 static inline __m512 sigmoid16(__m512 x) {
+  const __m512 neg = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x),
+                                                          _mm512_set1_epi32(0x80000000)));
+  return _mm512_div_ps(_mm512_set1_ps(1.0f),
+                       _mm512_add_ps(_mm512_set1_ps(1.0f), Sleef_expf16_u10(neg)));
+}
+
+TQ_AVX2 static inline __m256 sigmoid8(__m256 x) {
+  const __m256 neg = _mm256_xor_ps(_mm256_set1_ps(-0.0f), x);
+  return _mm256_div_ps(_mm256_set1_ps(1.0f),
+                       _mm256_add_ps(_mm256_set1_ps(1.0f), Sleef_expf8_u10(neg)));
+}
+
+// The cell loops for one vector width: V is the vector type, W its float count.
+#define TQ_CELL_LOOPS(SUFFIX, ATTR, V, W, LOAD, STORE, ADD, SUB, MUL, SIGMOID)                \
+  /* LSTM: gates = hh + ih (i, f, g, o); c' = f * c + i * g; h' = o * tanh(c').  hh is      \
+     overwritten; tmp holds B * H floats. */                                                 \
+  ATTR static void lstm_cell_##SUFFIX(float* hh, const float* ih, float* c, float* h,          \
+                                      float* tmp, int64_t B, int64_t H) {                      \
+    for (int64_t b = 0; b < B; ++b) {                                                          \
+      float* g_hh = hh + b * 4 * H;                                                            \
+      const float* g_ih = ih + b * 4 * H;                                                      \
+      for (int64_t j = 0; j < H; j += W) {                                                     \
+        STORE(g_hh + j, SIGMOID(ADD(LOAD(g_hh + j), LOAD(g_ih + j))));                         \
+        STORE(g_hh + H + j, SIGMOID(ADD(LOAD(g_hh + H + j), LOAD(g_ih + H + j))));             \
+        STORE(tmp + b * H + j, ADD(LOAD(g_hh + 2 * H + j), LOAD(g_ih + 2 * H + j)));           \
+        STORE(g_hh + 3 * H + j, SIGMOID(ADD(LOAD(g_hh + 3 * H + j), LOAD(g_ih + 3 * H + j)))); \
+      }                                                                                        \
+    }                                                                                          \
+    tanh_like_aten(tmp, tmp, B * H); /* g */                                                   \
+    for (int64_t b = 0; b < B; ++b) {                                                          \
+      const float* g_hh = hh + b * 4 * H;                                                      \
+      for (int64_t j = 0; j < H; j += W) {                                                     \
+        const V fc = MUL(LOAD(g_hh + H + j), LOAD(c + b * H + j));                             \
+        const V ig = MUL(LOAD(g_hh + j), LOAD(tmp + b * H + j));                               \
+        STORE(c + b * H + j, ADD(fc, ig));                                                     \
+      }                                                                                        \
+    }                                                                                          \
+    tanh_like_aten(c, tmp, B * H);                                                             \
+    for (int64_t b = 0; b < B; ++b) {                                                          \
+      const float* g_hh = hh + b * 4 * H;                                                      \
+      for (int64_t j = 0; j < H; j += W) {                                                     \
+        STORE(h + b * H + j, MUL(LOAD(g_hh + 3 * H + j), LOAD(tmp + b * H + j)));              \
+      }                                                                                        \
+    }                                                                                          \
+  }                                                                                            \
+  /* GRU: r, z = sigmoid(hh + ih); n = tanh(ih_n + hh_n * r); h' = (h - n) * z + n. */       \
+  ATTR static void gru_cell_##SUFFIX(float* hh, const float* ih, const float* h, float* h_out, \
+                                     float* tmp, int64_t B, int64_t H) {                       \
+    for (int64_t b = 0; b < B; ++b) {                                                          \
+      float* g_hh = hh + b * 3 * H;                                                            \
+      const float* g_ih = ih + b * 3 * H;                                                      \
+      for (int64_t j = 0; j < H; j += W) {                                                     \
+        const V r = SIGMOID(ADD(LOAD(g_hh + j), LOAD(g_ih + j)));                              \
+        STORE(g_hh + H + j, SIGMOID(ADD(LOAD(g_hh + H + j), LOAD(g_ih + H + j))));             \
+        STORE(tmp + b * H + j, ADD(LOAD(g_ih + 2 * H + j), MUL(LOAD(g_hh + 2 * H + j), r)));   \
+      }                                                                                        \
+    }                                                                                          \
+    tanh_like_aten(tmp, tmp, B * H); /* n */                                                   \
+    for (int64_t b = 0; b < B; ++b) {                                                          \
+      const float* g_hh = hh + b * 3 * H;                                                      \
+      for (int64_t j = 0; j < H; j += W) {                                                     \
+        const V n = LOAD(tmp + b * H + j);                                                     \
+        const V d = SUB(LOAD(h + b * H + j), n);                                               \
+        STORE(h_out + b * H + j, ADD(MUL(d, LOAD(g_hh + H + j)), n));                          \
+      }                                                                                        \
+    }                                                                                          \
+  }
+
+TQ_CELL_LOOPS(avx512, TQ_AVX512, __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_add_ps,
+              _mm512_sub_ps, _mm512_mul_ps, sigmoid16)
+TQ_CELL_LOOPS(avx2, TQ_AVX2, __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_add_ps,
+              _mm256_sub_ps, _mm256_mul_ps, sigmoid8)
+
+// The fused loops' sigmoid / tanh on a float32 tensor of 16k elements, for the tests that
+// hold them to ATen's.
+TQ_AVX512 static void apply_avx512(float* x, int64_t n, bool tanh) {
+  for (int64_t j = 0; j < n; j += 16) {
+    const __m512 v = _mm512_loadu_ps(x + j);
+    _mm512_storeu_ps(x + j, sigmoid16(v));
+  }
+}
+
+TQ_AVX2 static void apply_avx2(float* x, int64_t n, bool tanh) {
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m256 v = _mm256_loadu_ps(x + j);
+    _mm256_storeu_ps(x + j, sigmoid8(v));
+  }
+}
+
+at::Tensor fused_activation(const at::Tensor& x, const std::string& fn) {
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat && x.numel() % 16 == 0 &&
+                    (fn == "sigmoid" || fn == "tanh"),
+                    "fused_activation: float32 with a multiple of 16 elements, sigmoid or tanh");
+  auto y = x.contiguous().clone();
+  const GateIsa isa = gate_isa();
+  TORCH_CHECK(isa != GateIsa::none, "fused_activation: ATen runs without AVX2 here");
+  if (fn == "tanh") {
+    tanh_like_aten(y.data_ptr<float>(), y.data_ptr<float>(), y.numel());
+  } else if (isa == GateIsa::avx512) {
+    apply_avx512(y.data_ptr<float>(), y.numel(), fn == "tanh");
+  } else {
+    apply_avx2(y.data_ptr<float>(), y.numel(), fn == "tanh");
+  }
+  return y;
+}
+
+// Which fused loop runs hidden size H now (none: use the ATen ops).  TORCHQUANT_FUSED_GATES=0
+// turns them off (the tests compare both).
+static GateIsa fused_gates_for(int64_t H) {
+  static const bool disabled = [] {
+    const char* v = std::getenv("TORCHQUANT_FUSED_GATES");
+    return v != nullptr && std::string(v) == "0";
+  }();
+  if (disabled || H % 32 != 0) return GateIsa::none;
+  return gate_isa();
+}
+
 // ---- the recurrent loops ---------------------------------------------------------------------
 // `ih` holds a direction's input projections for every step ([T, B, G * H], bias included);
 // per step the hidden state is projected by the int8 hidden weight (dynamic, as above) and the
@@ -333,6 +490,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fbgemm_lstm_sequence(
   auto ihc = ih.contiguous();
   auto out = at::empty({T, h0.size(0), H}, h0.options());
   at::Tensor h = h0.contiguous(), c = c0.contiguous();
+  const GateIsa fused = fused_gates_for(H);
+  if (fused != GateIsa::none) {
+    const int64_t B = h0.size(0);
+    c = c.clone();
+    auto hh = at::empty({B, 4 * H}, h0.options());
+    auto tmp = at::empty({B, H}, h0.options());
+    for (int64_t s = 0; s < T; ++s) {
+      const int64_t t = reverse ? T - 1 - s : s;
+      dynamic_linear_into(h.data_ptr<float>(), B, *w_hh, reduce_range, false, hh.data_ptr<float>());
+      float* h_t = out.data_ptr<float>() + t * B * H;
+      const float* ih_t = ihc.data_ptr<float>() + t * B * 4 * H;
+      if (fused == GateIsa::avx512) {
+        lstm_cell_avx512(hh.data_ptr<float>(), ih_t, c.data_ptr<float>(), h_t,
+                         tmp.data_ptr<float>(), B, H);
+      } else {
+        lstm_cell_avx2(hh.data_ptr<float>(), ih_t, c.data_ptr<float>(), h_t,
+                       tmp.data_ptr<float>(), B, H);
+      }
+      h = out[t];
+    }
+    return {out, h.clone(), c};
+  }
   for (int64_t s = 0; s < T; ++s) {
     const int64_t t = reverse ? T - 1 - s : s;
     auto gates = hidden_projection(h, *w_hh, reduce_range);
@@ -358,6 +537,27 @@ std::tuple<at::Tensor, at::Tensor> fbgemm_gru_sequence(
   auto ihc = ih.contiguous();
   auto out = at::empty({T, h0.size(0), H}, h0.options());
   at::Tensor h = h0.contiguous();
+  const GateIsa fused = fused_gates_for(H);
+  if (fused != GateIsa::none) {
+    const int64_t B = h0.size(0);
+    auto hh = at::empty({B, 3 * H}, h0.options());
+    auto tmp = at::empty({B, H}, h0.options());
+    for (int64_t s = 0; s < T; ++s) {
+      const int64_t t = reverse ? T - 1 - s : s;
+      dynamic_linear_into(h.data_ptr<float>(), B, *w_hh, reduce_range, false, hh.data_ptr<float>());
+      float* h_t = out.data_ptr<float>() + t * B * H;
+      const float* ih_t = ihc.data_ptr<float>() + t * B * 3 * H;
+      if (fused == GateIsa::avx512) {
+        gru_cell_avx512(hh.data_ptr<float>(), ih_t, h.data_ptr<float>(), h_t,
+                        tmp.data_ptr<float>(), B, H);
+      } else {
+        gru_cell_avx2(hh.data_ptr<float>(), ih_t, h.data_ptr<float>(), h_t,
+                      tmp.data_ptr<float>(), B, H);
+      }
+      h = out[t];
+    }
+    return {out, h.clone()};
+  }
   for (int64_t s = 0; s < T; ++s) {
     const int64_t t = reverse ? T - 1 - s : s;
     auto hh = hidden_projection(h, *w_hh, reduce_range);
@@ -386,6 +586,7 @@ TORCH_LIBRARY_FRAGMENT(torchquant_native, m) {
   m.def("fbgemm_isa() -> str", &torchquant_native::fbgemm_isa);
   m.def("fbgemm_exact_u8() -> bool", &torchquant_native::fbgemm_exact_u8);
   m.def("fbgemm_force_isa(str name) -> ()", &torchquant_native::fbgemm_force_isa);
+  m.def("fused_activation(Tensor x, str fn) -> Tensor", &torchquant_native::fused_activation);
   m.def("fbgemm_pack_linear(Tensor weight, Tensor scale, Tensor zero_point, Tensor? bias) -> "
         "__torch__.torch.classes.torchquant_native.FbgemmLinearPack");
   m.def("fbgemm_linear_dynamic(Tensor x, __torch__.torch.classes.torchquant_native.FbgemmLinearPack "
