@@ -154,22 +154,24 @@ class _Wrap(nn.Module):
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
 @pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("isa", ["auto", "avx2"])
-def test_rnn_module_matches_torch_ao(mode, bidirectional, isa):
+@pytest.mark.parametrize("hidden", [40, 64])  # 64: the fused cell loops; 40: ATen's cell ops
+def test_rnn_module_matches_torch_ao(mode, bidirectional, isa, hidden):
     import torch.ao.quantization as aoq
-    float_rnn = getattr(nn, mode)(24, 40, 2, bidirectional=bidirectional).eval()
+    float_rnn = getattr(nn, mode)(24, hidden, 2, bidirectional=bidirectional).eval()
     x = torch.randn(9, 3, 24) * 2
     with forced_isa(isa):
         ours = tq.quantize_dynamic(_Wrap(copy.deepcopy(float_rnn)), {nn.LSTM, nn.GRU})
         theirs = aoq.quantize_dynamic(_Wrap(copy.deepcopy(float_rnn)), {nn.LSTM, nn.GRU})
         got, want = ours(x), theirs(x)
     assert torch.equal(got[0], want[0])
-    for a, b in zip(got[1] if mode == "LSTM" else [got[1]], want[1] if mode == "LSTM" else [want[1]]):
-        assert torch.equal(a, b)
+    finals = zip(*((got[1], want[1]) if mode == "LSTM" else ([got[1]], [want[1]])))
+    assert all(torch.equal(a, b) for a, b in finals)
 
 
 @pytest.mark.parametrize("reverse", [False, True])
-def test_sequence_kernels_match_their_references(reverse):
-    hs, batch, steps = 32, 5, 6
+@pytest.mark.parametrize("hs", [32, 20])
+def test_sequence_kernels_match_their_references(reverse, hs):
+    batch, steps = 5, 6
     lstm_w = _packed(4 * hs, hs, True, bias=True, seed=1)
     gru_w = _packed(3 * hs, hs, False, bias=True, seed=2)
     h0, c0 = torch.randn(batch, hs), torch.randn(batch, hs)
@@ -194,3 +196,34 @@ def test_disabled_by_environment_variable():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert "torch.Size([2, 4])" in out.stdout
+
+
+@pytest.mark.parametrize("fn", ["sigmoid", "tanh"])
+def test_fused_cell_activations_are_atens(fn):
+    gen = torch.Generator().manual_seed(7)
+    x = torch.cat([torch.randn(4096, generator=gen) * 6, torch.linspace(-90, 90, 1024),
+                   torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.7, -88.7, 1e-8, -1e-8] * 2)])
+    got = torch.ops.torchquant_native.fused_activation(x, fn)
+    assert torch.equal(got, getattr(torch, fn)(x))
+
+
+def test_fused_cells_follow_aten_cpu_capability():
+    """With ATen's AVX2 kernels (ATEN_CPU_CAPABILITY=avx2) the fused loops use AVX2's Sleef
+    exp; and with them switched off (TORCHQUANT_FUSED_GATES=0) ATen's ops run: torch.ao's
+    numbers either way."""
+    code = ("import copy, torch, warnings\n"
+            "warnings.simplefilter('ignore')\n"
+            "from torch import nn\n"
+            "import torch.ao.quantization as aoq, torchquant.quantization as tq\n"
+            "torch.manual_seed(0)\n"
+            "for mode in (nn.LSTM, nn.GRU):\n"
+            "    m = nn.Sequential(mode(32, 64, 1)).eval()\n"
+            "    x = torch.randn(5, 3, 32) * 2\n"
+            "    a = tq.quantize_dynamic(copy.deepcopy(m), {mode})[0](x)[0]\n"
+            "    b = aoq.quantize_dynamic(copy.deepcopy(m), {mode})[0](x)[0]\n"
+            "    assert torch.equal(a, b), mode\n"
+            "print('ok')\n")
+    for env in ({"ATEN_CPU_CAPABILITY": "avx2"}, {"TORCHQUANT_FUSED_GATES": "0"}):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=dict(os.environ, TORCHQUANT_QUIET="1", **env), timeout=120)
+        assert out.returncode == 0 and "ok" in out.stdout, (env, out.stderr[-2000:])
