@@ -227,3 +227,46 @@ def test_fused_cells_follow_aten_cpu_capability():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env=dict(os.environ, TORCHQUANT_QUIET="1", **env), timeout=120)
         assert out.returncode == 0 and "ok" in out.stdout, (env, out.stderr[-2000:])
+
+
+@pytest.mark.parametrize("rows,n,k", [(1, 300, 768), (32, 300, 256), (128, 64, 100), (7, 33, 64)])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("relu", [False, True])
+def test_static_linear_matches_torch_ao(rows, n, k, per_channel, relu):
+    """uint8 x int8 -> uint8 through fbgemm's requantizing epilogue: torch.ao's integers (the
+    plain-torch reference rounds a float64 result: within one step of them)."""
+    import torch.ao.nn.quantized as ao_nnq
+    from torch.ao.nn.intrinsic.quantized import LinearReLU
+    from torchquant.kernels.linear import post_op_of
+    if not native.exact_u8():
+        pytest.skip("fbgemm saturates full-range uint8 activations on this CPU (no VNNI)")
+    packed = _packed(n, k, per_channel, bias=rows != 128, seed=rows)
+    ao_weight = _torch_ao_linear(packed, False).weight()
+    ao = (LinearReLU if relu else ao_nnq.Linear)(k, n)
+    ao.set_weight_bias(ao_weight, packed.bias)
+    ao.scale, ao.zero_point = 0.05, 60
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randint(0, 256, (rows, k), dtype=torch.uint8, generator=gen)
+    want = ao(torch._make_per_tensor_quantized_tensor(x, 0.03, 70)).int_repr()
+    epilogue = post_op_of("relu" if relu else "none", 0.01, None, 1.0, 0, (rows, n), "test")
+    args = (x, 0.03, 70, packed, 0.05, 60, tq_quint8(), epilogue, None)
+    assert kernels.get("quantized_linear", x, packed=packed, out_qdtype=tq_quint8(),
+                       post_op=epilogue.name) is native.static_linear
+    got = native.static_linear(*args)
+    assert torch.equal(got, want)
+    reference = kernels.implementations("quantized_linear")["reference"].fn(*args)
+    assert int((got.int() - reference.int()).abs().max()) <= 1
+
+
+def tq_quint8():
+    import torchquant
+    return torchquant.quint8
+
+
+def test_static_linear_not_chosen_where_fbgemm_saturates():
+    packed = _packed(16, 32, False, bias=True)
+    x = torch.randint(0, 256, (4, 32), dtype=torch.uint8)
+    with forced_isa("avx2"):
+        fn = kernels.get("quantized_linear", x, packed=packed, out_qdtype=tq_quint8(),
+                         post_op="none")
+        assert fn is not native.static_linear

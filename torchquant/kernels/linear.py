@@ -496,7 +496,8 @@ def quantized_linear(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
     x2d = x_int.reshape(-1, packed.in_features)
     if other is not None:
         other = other.reshape(-1, packed.out_features)
-    fn = get("quantized_linear", x2d, packed=packed, out_qdtype=out_qdtype)
+    fn = get("quantized_linear", x2d, packed=packed, out_qdtype=out_qdtype,
+             post_op=epilogue.name)
     x_scale, x_zero_point, out_scale, out_zero_point = qparams
     y = fn(x2d, x_scale, x_zero_point, packed, out_scale, out_zero_point, out_qdtype, epilogue,
            other)
@@ -524,7 +525,7 @@ def linear_plan(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
     x_scale, x_zero_point, out_scale, out_zero_point = validated_qparams(
         x_scale, x_zero_point, x_qdtype, out_scale, out_zero_point, out_qdtype)
     fn = get("quantized_linear", x_int.reshape(-1, in_features), packed=packed,
-             out_qdtype=out_qdtype)
+             out_qdtype=out_qdtype, post_op=epilogue.name)
     args = (x_scale, x_zero_point, packed, out_scale, out_zero_point, out_qdtype, epilogue, None)
     run = lambda x2d: fn(x2d, *args)  # noqa: E731
     if fn is _quantized_linear_onednn:

@@ -24,10 +24,10 @@ from typing import Any, Optional
 import torch
 
 from ..._log import emit_once
-from ..registry import register
+from ..registry import implementations, register
 
 __all__ = ["available", "describe", "isa", "exact_u8", "force_isa", "pack", "dynamic_linear",
-           "lstm_sequence", "gru_sequence"]
+           "static_linear", "lstm_sequence", "gru_sequence"]
 
 _LIBRARY = Path(__file__).with_name("_C.so")
 _state: dict[str, Any] = {}
@@ -56,6 +56,10 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake(lib + "fbgemm_linear_dynamic")
     def _(x, packed, reduce_range, relu):
+        return x.new_empty(*x.shape[:-1], packed.out_features())
+
+    @torch.library.register_fake(lib + "fbgemm_linear_static")
+    def _(x, x_scale, x_zero_point, packed, out_scale, out_zero_point, relu):
         return x.new_empty(*x.shape[:-1], packed.out_features())
 
     @torch.library.register_fake(lib + "fbgemm_lstm_sequence")
@@ -157,6 +161,34 @@ def dynamic_linear(x2d: torch.Tensor, packed: Any, reduce_range: bool, relu: boo
     return torch.ops.torchquant_native.fbgemm_linear_dynamic(x2d, pack(packed), reduce_range, relu)
 
 
+def _static_applies(x: torch.Tensor, packed: Any = None, out_qdtype: Any = None,
+                    post_op: str = "", **_: Any) -> bool:
+    """uint8 in and out, no post-op but ReLU, and exact u8 x s8 products (VNNI: fbgemm's AVX2
+    kernels saturate int16 pairs of full-range uint8 activations)."""
+    return (packed is not None and x.dtype == torch.uint8 and packed.weight.numel() > 0
+            and packed.weight.device.type == "cpu" and post_op in ("none", "relu")
+            and getattr(out_qdtype, "storage_dtype", None) == torch.uint8
+            and getattr(out_qdtype, "qmin", None) == 0 and getattr(out_qdtype, "qmax", None) == 255
+            and exact_u8())
+
+
+def static_linear(x2d: torch.Tensor, x_scale: float, x_zp: int, packed: Any, out_scale: float,
+                  out_zp: int, out_qdtype: Any, post_op: Any, other: Any) -> torch.Tensor:
+    """torch.ao's static quantized Linear (fbgemm): uint8 ``[M, K]`` in, uint8 out, ReLU fused
+    (the registry's ``quantized_linear`` signature)."""
+    if not _static_applies(x2d, packed, out_qdtype, post_op.name) or other is not None:
+        # a call this kernel does not cover: the next registered implementation that does
+        hints = {"packed": packed, "out_qdtype": out_qdtype, "post_op": post_op.name}
+        impls = [k for name, k in implementations("quantized_linear").items() if name != "native"]
+        kernel = next((k for k in impls if k.name != "reference" and k.accepts(x2d, hints)),
+                      impls[-1])
+        return kernel.fn(x2d, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, post_op,
+                         other)
+    return torch.ops.torchquant_native.fbgemm_linear_static(
+        x2d, float(x_scale), int(x_zp), pack(packed), float(out_scale), int(out_zp),
+        post_op.name == "relu")
+
+
 def lstm_sequence(ih: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, packed: Any,
                   reduce_range: bool, reverse: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A dynamic LSTM direction over ``ih`` ([T, B, 4H], input projections with their bias):
@@ -174,6 +206,8 @@ def gru_sequence(ih: torch.Tensor, h0: torch.Tensor, packed: Any, reduce_range: 
 
 register("dynamic_linear_float", "native", devices=("cpu",), applies=_applies,
          available=available)(dynamic_linear)
+register("quantized_linear", "native", devices=("cpu",), applies=_static_applies,
+         available=available)(static_linear)
 register("lstm_sequence", "native", devices=("cpu",), applies=_applies,
          available=available)(lstm_sequence)
 register("gru_sequence", "native", devices=("cpu",), applies=_applies,

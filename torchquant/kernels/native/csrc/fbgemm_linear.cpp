@@ -455,6 +455,80 @@ static GateIsa fused_gates_for(int64_t H) {
   return gate_isa();
 }
 
+// ---- static Linear ---------------------------------------------------------------------------
+// uint8 activations x int8 weights -> uint8 output, requantized in fbgemm's epilogue as torch's
+// fbgemm Linear does: multiplier = (x_scale * w_scale) / out_scale in float32, the float bias
+// divided by x_scale * w_scale and added to the exact accumulator, nearbyint, + out_zp, clamp
+// (at out_zp with ReLU).
+
+template <bool Relu>
+static void gemm_static(const uint8_t* x, int64_t M, int32_t x_zp, const FbgemmLinearPack& w,
+                        const float* multiplier, const float* act_times_w_scale, int32_t out_zp,
+                        uint8_t* out) {
+  const int64_t N = w.out_features, K = w.in_features;
+  const float* bias = w.bias.defined() ? w.bias.data_ptr<float>() : nullptr;
+  auto acc = at::empty({M, N}, at::kInt);
+  int32_t* acc_p = acc.data_ptr<int32_t>();
+  const int num_tasks = at::get_num_threads();
+  at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
+    fbgemm::PackAWithRowOffset<uint8_t> packA(
+        fbgemm::matrix_op_t::NoTranspose, static_cast<int32_t>(M), static_cast<int32_t>(K), x,
+        static_cast<int32_t>(K), nullptr, 1, nullptr);
+    fbgemm::DoNothing<uint8_t, uint8_t> done;
+    for (int64_t task = begin; task < end; ++task) {
+      if (w.per_channel) {
+        fbgemm::ReQuantizeOutput<Relu, fbgemm::QuantizationGranularity::OUT_CHANNEL, float> proc(
+            done, multiplier, out_zp, x_zp, w.w_zp.data(), packA.getRowOffsetBuffer(),
+            w.col_offsets.data(), bias, static_cast<uint32_t>(N), 1, act_times_w_scale);
+        fbgemm::fbgemmPacked(packA, *w.packed, out, acc_p, static_cast<int32_t>(N), proc,
+                             static_cast<int>(task), num_tasks);
+      } else {
+        fbgemm::ReQuantizeOutput<Relu, fbgemm::QuantizationGranularity::TENSOR, float> proc(
+            done, multiplier, out_zp, x_zp, w.w_zp.data(), packA.getRowOffsetBuffer(),
+            w.col_offsets.data(), bias, static_cast<uint32_t>(N), 1, act_times_w_scale);
+        fbgemm::fbgemmPacked(packA, *w.packed, out, acc_p, static_cast<int32_t>(N), proc,
+                             static_cast<int>(task), num_tasks);
+      }
+    }
+  });
+}
+
+at::Tensor fbgemm_linear_static(const at::Tensor& x, double x_scale, int64_t x_zero_point,
+                                const c10::intrusive_ptr<FbgemmLinearPack>& w, double out_scale,
+                                int64_t out_zero_point, bool relu) {
+  check_pack(*w, "fbgemm_linear_static");
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kByte, "fbgemm_linear_static: expected uint8 "
+                   "activations, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == w->in_features, "fbgemm_linear_static: "
+                    "input's last dimension must be in_features=", w->in_features, ", got shape ",
+                    x.sizes());
+  TORCH_CHECK_VALUE(0 <= x_zero_point && x_zero_point <= 255 && 0 <= out_zero_point &&
+                    out_zero_point <= 255, "fbgemm_linear_static: zero points must be in 0..255");
+  auto xc = x.contiguous();
+  const int64_t M = xc.numel() / w->in_features, N = w->out_features;
+  auto out_sizes = x.sizes().vec();
+  out_sizes.back() = N;
+  auto out = at::empty(out_sizes, x.options());
+  if (M == 0) return out;
+  const size_t channels = w->w_scale.size();
+  std::vector<float> act_times_w_scale(channels), multiplier(channels);
+  const float xs = static_cast<float>(x_scale), os = static_cast<float>(out_scale);
+  for (size_t c = 0; c < channels; ++c) {
+    act_times_w_scale[c] = xs * w->w_scale[c];
+    multiplier[c] = act_times_w_scale[c] / os;
+  }
+  if (relu) {
+    gemm_static<true>(xc.data_ptr<uint8_t>(), M, static_cast<int32_t>(x_zero_point), *w,
+                      multiplier.data(), act_times_w_scale.data(),
+                      static_cast<int32_t>(out_zero_point), out.data_ptr<uint8_t>());
+  } else {
+    gemm_static<false>(xc.data_ptr<uint8_t>(), M, static_cast<int32_t>(x_zero_point), *w,
+                       multiplier.data(), act_times_w_scale.data(),
+                       static_cast<int32_t>(out_zero_point), out.data_ptr<uint8_t>());
+  }
+  return out;
+}
+
 // ---- the recurrent loops ---------------------------------------------------------------------
 // `ih` holds a direction's input projections for every step ([T, B, G * H], bias included);
 // per step the hidden state is projected by the int8 hidden weight (dynamic, as above) and the
@@ -591,6 +665,9 @@ TORCH_LIBRARY_FRAGMENT(torchquant_native, m) {
         "__torch__.torch.classes.torchquant_native.FbgemmLinearPack");
   m.def("fbgemm_linear_dynamic(Tensor x, __torch__.torch.classes.torchquant_native.FbgemmLinearPack "
         "packed, bool reduce_range, bool relu) -> Tensor");
+  m.def("fbgemm_linear_static(Tensor x, float x_scale, int x_zero_point, "
+        "__torch__.torch.classes.torchquant_native.FbgemmLinearPack packed, float out_scale, "
+        "int out_zero_point, bool relu) -> Tensor");
   m.def("fbgemm_lstm_sequence(Tensor ih, Tensor h0, Tensor c0, "
         "__torch__.torch.classes.torchquant_native.FbgemmLinearPack w_hh, bool reduce_range, "
         "bool reverse) -> (Tensor, Tensor, Tensor)");
@@ -602,6 +679,7 @@ TORCH_LIBRARY_FRAGMENT(torchquant_native, m) {
 TORCH_LIBRARY_IMPL(torchquant_native, CPU, m) {
   m.impl("fbgemm_pack_linear", &torchquant_native::fbgemm_pack_linear);
   m.impl("fbgemm_linear_dynamic", &torchquant_native::fbgemm_linear_dynamic);
+  m.impl("fbgemm_linear_static", &torchquant_native::fbgemm_linear_static);
   m.impl("fbgemm_lstm_sequence", &torchquant_native::fbgemm_lstm_sequence);
   m.impl("fbgemm_gru_sequence", &torchquant_native::fbgemm_gru_sequence);
 }
