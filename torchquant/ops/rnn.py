@@ -13,7 +13,10 @@ quint8, torch's fbgemm numerics) or float16 (a :class:`PackedLinearFp16Weight`: 
 matmul).  In graphs it enters as the plain weight tensor -- int8 with 0-d / 1-d qparams, or
 float16 with ``None`` qparams -- and the bias.
 
-Eager speed matters here (the step runs once per time step, on small tensors):
+Eager speed matters here (the step runs once per time step, on small tensors).  Where the
+native kernels run (:mod:`torchquant.kernels.native`), :func:`lstm_sequence` /
+:func:`gru_sequence` do a whole direction in one C++ call (fbgemm's projection, the cell
+arithmetic fused, torch.ao's numbers) and the projections below are one fbgemm call; otherwise:
 
 * the int8 projection picks its qparams with the scalar form of ATen's rule and quantizes
   with the float32 reciprocal of the scale (``clamp(nearbyint(fma(x, 1/s, zp)))``, fbgemm's
