@@ -4,10 +4,11 @@
 ``_C.so`` beside this file; it registers ``torch.ops.torchquant_native.*`` and the custom class
 ``FbgemmLinearPack`` (a prepacked int8 weight).  The numbers are those of torch.ao's x86 /
 fbgemm engine, which runs the same fbgemm routines: the dynamic Linear (activation quantized
-per tensor with ATen's qparam rule, fbgemm's quantize, GEMM and float epilogue) and the dynamic
-LSTM / GRU loops (that Linear on the hidden state, then torch's CPU cell ops, every step in
-C++).  fbgemm picks AVX2 / AVX-512 / VNNI kernels at run time; :func:`force_isa` forces a lower
-one for tests.
+per tensor with ATen's qparam rule, fbgemm's quantize, GEMM and float epilogue), the static
+uint8 Linear (fbgemm's requantizing epilogue, ReLU fused), and the dynamic LSTM / GRU loops
+(that dynamic Linear on the hidden state, then torch's CPU cell arithmetic, fused into a few
+passes with ATen's own sigmoid / tanh math; every step in C++).  fbgemm picks AVX2 / AVX-512 /
+VNNI kernels at run time; :func:`force_isa` forces a lower one for tests.
 
 Where the library was not built, fails to load, the CPU lacks AVX2, or ``TORCHQUANT_NATIVE=0``
 is set, :func:`available` is false and the registry's other kernels run; :func:`describe`
