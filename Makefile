@@ -1,5 +1,6 @@
 # `make demo` and `make test` each build .venv on first use (torch first, pinned by
-# constraints.txt, then this package with its extras) and then run.
+# constraints.txt, then this package with its extras, built against that torch: the native
+# kernels under torchquant/kernels/native are compiled then) and then run.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -7,10 +8,10 @@ STAMP := $(VENV)/.torchquant-installed
 
 .PHONY: demo test bench clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py constraints.txt $(wildcard torchquant/kernels/native/csrc/*.cpp)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,models]'
+	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 'setuptools>=64' wheel
+	$(PY) -m pip install -q -c constraints.txt --no-build-isolation -e '.[test,models]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -22,11 +23,11 @@ test: $(STAMP)
 BENCH_STAMP := $(VENV)/.torchquant-bench-installed
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,models,bench]'
+	$(PY) -m pip install -q -c constraints.txt --no-build-isolation -e '.[test,models,bench]'
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)
 	for b in tensor observers fake_quantize kernels dynamic models peers rnn first_use; do $(PY) bench/bench_$$b.py || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info torchquant/kernels/native/_C*.so

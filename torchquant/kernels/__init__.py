@@ -10,6 +10,7 @@ from __future__ import annotations
 from .registry import Kernel, get, implementations, mode, reference_only, register, set_mode
 
 # The implementations register themselves when imported.
-from . import reference, cpu_compiled, linear, conv, embedding  # noqa: E402,F401
+from . import (reference, cpu_compiled, linear, conv, embedding,  # noqa: E402,F401
+               recurrent, native)
 
 __all__ = ["Kernel", "register", "get", "implementations", "reference_only", "set_mode", "mode"]

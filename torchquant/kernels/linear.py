@@ -496,7 +496,8 @@ def quantized_linear(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
     x2d = x_int.reshape(-1, packed.in_features)
     if other is not None:
         other = other.reshape(-1, packed.out_features)
-    fn = get("quantized_linear", x2d, packed=packed, out_qdtype=out_qdtype)
+    fn = get("quantized_linear", x2d, packed=packed, out_qdtype=out_qdtype,
+             post_op=epilogue.name)
     x_scale, x_zero_point, out_scale, out_zero_point = qparams
     y = fn(x2d, x_scale, x_zero_point, packed, out_scale, out_zero_point, out_qdtype, epilogue,
            other)
@@ -524,7 +525,7 @@ def linear_plan(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
     x_scale, x_zero_point, out_scale, out_zero_point = validated_qparams(
         x_scale, x_zero_point, x_qdtype, out_scale, out_zero_point, out_qdtype)
     fn = get("quantized_linear", x_int.reshape(-1, in_features), packed=packed,
-             out_qdtype=out_qdtype)
+             out_qdtype=out_qdtype, post_op=epilogue.name)
     args = (x_scale, x_zero_point, packed, out_scale, out_zero_point, out_qdtype, epilogue, None)
     run = lambda x2d: fn(x2d, *args)  # noqa: E731
     if fn is _quantized_linear_onednn:
@@ -700,20 +701,29 @@ def dynamic_linear(x_float: torch.Tensor, packed: PackedLinearWeight, reduce_ran
     the top of the range can land on 128.  ``reduce_range=False`` gives qnnpack's numbers.
     """
     def kernel(x2d: torch.Tensor) -> torch.Tensor:
-        mn, mx = torch.aminmax(x2d)
-        if torch.compiler.is_compiling():
-            scale, zp = affine.choose_qparams_aten(mn, mx, 0, 255, False, reduce_range)
-        else:  # the scalar form of the same rule: microseconds instead of ~40 tensor ops
-            s, z = affine.choose_qparams_aten_scalar(mn.item(), mx.item(), 0, 255, False,
-                                                     reduce_range)
-            inv, zp_f = affine.finite_per_tensor_operands(x2d, s, z)
-            x_q = get("quantize_finite", x2d)(x2d, inv, zp_f, 0, 255, torch.uint8)
-            fn = get("dynamic_linear", x_q, packed=packed)
-            return fn(x_q, s, z, packed, relu)
-        x_q = affine.quantize_int(x2d, scale, zp, 0, 255, torch.uint8)
-        fn = get("dynamic_linear", x_q, packed=packed)
-        return fn(x_q, scale, zp, packed, relu)
+        fn = get("dynamic_linear_float", x2d, packed=packed, reduce_range=reduce_range)
+        return fn(x2d, packed, reduce_range, relu)
     return _float_linear_out(x_float, packed, kernel, "dynamic_linear")
+
+
+@register("dynamic_linear_float", "reference")
+def _dynamic_linear_float_reference(x2d: torch.Tensor, packed: PackedLinearWeight,
+                                    reduce_range: bool, relu: bool) -> torch.Tensor:
+    """The dynamic Linear of a 2-D float32 input in plain torch: quantize (ATen's qparams),
+    then the registry's ``dynamic_linear`` on the integers (the native kernel does it all)."""
+    mn, mx = torch.aminmax(x2d)
+    if torch.compiler.is_compiling():
+        scale, zp = affine.choose_qparams_aten(mn, mx, 0, 255, False, reduce_range)
+    else:  # the scalar form of the same rule: microseconds instead of ~40 tensor ops
+        s, z = affine.choose_qparams_aten_scalar(mn.item(), mx.item(), 0, 255, False,
+                                                 reduce_range)
+        inv, zp_f = affine.finite_per_tensor_operands(x2d, s, z)
+        x_q = get("quantize_finite", x2d)(x2d, inv, zp_f, 0, 255, torch.uint8)
+        fn = get("dynamic_linear", x_q, packed=packed)
+        return fn(x_q, s, z, packed, relu)
+    x_q = affine.quantize_int(x2d, scale, zp, 0, 255, torch.uint8)
+    fn = get("dynamic_linear", x_q, packed=packed)
+    return fn(x_q, scale, zp, packed, relu)
 
 
 @register("dynamic_linear", "reference")

@@ -13,7 +13,10 @@ quint8, torch's fbgemm numerics) or float16 (a :class:`PackedLinearFp16Weight`: 
 matmul).  In graphs it enters as the plain weight tensor -- int8 with 0-d / 1-d qparams, or
 float16 with ``None`` qparams -- and the bias.
 
-Eager speed matters here (the step runs once per time step, on small tensors):
+Eager speed matters here (the step runs once per time step, on small tensors).  Where the
+native kernels run (:mod:`torchquant.kernels.native`), :func:`lstm_sequence` /
+:func:`gru_sequence` do a whole direction in one C++ call (fbgemm's projection, the cell
+arithmetic fused, torch.ao's numbers) and the projections below are one fbgemm call; otherwise:
 
 * the int8 projection picks its qparams with the scalar form of ATen's rule and quantizes
   with the float32 reciprocal of the scale (``clamp(nearbyint(fma(x, 1/s, zp)))``, fbgemm's
@@ -47,7 +50,7 @@ from .linear import packed_linear_weight
 from .linear_fp16 import PackedLinearFp16Weight, packed_linear_fp16_weight
 
 __all__ = ["lstm_step", "gru_step", "rnn_step", "hidden_projection", "input_projection",
-           "GateWeight"]
+           "lstm_sequence", "gru_sequence", "GateWeight"]
 
 GateWeight = Union[PackedLinearWeight, PackedLinearFp16Weight]
 
@@ -78,6 +81,10 @@ def _int8_projection(x: Tensor, packed: PackedLinearWeight, reduce_range: bool) 
     run."""
     if x.numel() == 0:
         return _klinear.dynamic_linear(x, packed, reduce_range=reduce_range)
+    native = _kernels.implementations("dynamic_linear_float").get("native")
+    if native is not None and _kernels.mode() == "auto" and native.accepts(
+            x, {"packed": packed, "reduce_range": reduce_range}):
+        return native.fn(x, packed, reduce_range, False)  # fbgemm's own numbers, one C++ call
     mn, mx = torch.aminmax(x)
     scale, zp = affine.choose_qparams_aten_scalar(mn.item(), mx.item(), 0, 255, False,
                                                   reduce_range)
@@ -300,3 +307,37 @@ def rnn_step(ih: Tensor, h: Tensor, packed: GateWeight, reduce_range: bool = Tru
         return _rnn_step(ih, h, packed, reduce_range, nonlinearity)
     return torch.ops.torchquant.rnn_step_dynamic(ih, h, *_graph_args(packed), reduce_range,
                                                  nonlinearity)
+
+
+# ---- a whole direction in one native call ---------------------------------------------------
+
+def _sequence_kernel(op: str, ih: Tensor, packed: GateWeight,
+                     reduce_range: bool) -> Optional[Callable]:
+    """The native whole-direction kernel where it runs this call (eager, int8 hidden weight),
+    the registry's reference under ``TORCHQUANT_KERNELS=reference``; else None (the caller
+    steps with :func:`lstm_step` / :func:`gru_step`, which have their own fast paths)."""
+    if not isinstance(packed, PackedLinearWeight) or type(ih) is not Tensor \
+            or torch.compiler.is_compiling():
+        return None
+    if _kernels.mode() == "reference":
+        return _kernels.get(op, ih, packed=packed, reduce_range=reduce_range)
+    native = _kernels.implementations(op).get("native")
+    if native is not None and native.accepts(ih, {"packed": packed, "reduce_range": reduce_range}):
+        return native.fn
+    return None
+
+
+def lstm_sequence(ih: Tensor, h0: Tensor, c0: Tensor, packed: GateWeight, reduce_range: bool,
+                  reverse: bool) -> Optional[tuple[Tensor, Tensor, Tensor]]:
+    """A whole LSTM direction over ``ih`` (``[T, B, 4H]`` float32 input projections) from
+    ``(h0, c0)``: ``(outputs [T, B, H], h_T, c_T)``, the same numbers as stepping with
+    :func:`lstm_step`; None where no whole-direction kernel runs (then step)."""
+    fn = _sequence_kernel("lstm_sequence", ih, packed, reduce_range)
+    return None if fn is None else fn(ih, h0, c0, packed, reduce_range, reverse)
+
+
+def gru_sequence(ih: Tensor, h0: Tensor, packed: GateWeight, reduce_range: bool,
+                 reverse: bool) -> Optional[tuple[Tensor, Tensor]]:
+    """:func:`lstm_sequence` for the GRU: ``(outputs [T, B, H], h_T)`` or None."""
+    fn = _sequence_kernel("gru_sequence", ih, packed, reduce_range)
+    return None if fn is None else fn(ih, h0, packed, reduce_range, reverse)

@@ -159,6 +159,11 @@ def _simple_cell(nonlinearity: str):
     return cell
 
 
+# a whole direction in one call where a kernel runs it (None: step with the cells)
+_SEQUENCES: dict[str, Callable] = {
+    "LSTM": lambda ih, h0, w, rr, rev: ops_rnn.lstm_sequence(ih, h0[0], h0[1], w, rr, rev),
+    "GRU": lambda ih, h0, w, rr, rev: ops_rnn.gru_sequence(ih, h0[0], w, rr, rev)}
+
 _CELLS = {"LSTM": _lstm_cell, "GRU": _gru_cell, "RNN_TANH": _simple_cell("tanh"),
           "RNN_RELU": _simple_cell("relu")}
 
@@ -394,11 +399,15 @@ class RNNBase(NotScriptable, nn.Module):
                 k = layer * self._num_directions + direction
                 params = self._all_weight_values[k].param
                 ih = params.ih(x, rr)  # one call for the whole sequence
-                if batch_sizes is None:
-                    ih_steps = list(ih.unbind(0))
-                else:
-                    ih_steps = list(ih.split(batch_sizes))
                 h0 = tuple(s[k] for s in hidden0)
+                whole = None
+                if batch_sizes is None and self.mode in _SEQUENCES:
+                    whole = _SEQUENCES[self.mode](ih, h0, params.hh.packed, rr, direction == 1)
+                if whole is not None:  # the whole direction in one kernel call
+                    outs.append(whole[0])
+                    finals.append(tuple(whole[1:]))
+                    continue
+                ih_steps = list(ih.unbind(0) if batch_sizes is None else ih.split(batch_sizes))
                 step_out, final = _run_direction(cell, ih_steps, batch_sizes, h0, params.hh, rr,
                                                  reverse=direction == 1)
                 outs.append(torch.stack(step_out) if batch_sizes is None else

@@ -1,0 +1,34 @@
+"""Builds torchquant's optional native kernels (``torchquant/kernels/native/csrc``).
+
+Metadata lives in pyproject.toml; this file only adds the C++ extension.  It needs torch at
+build time (``pip install --no-build-isolation``, after torch, as the Makefile does); where torch
+or a compiler is missing the package installs without it and runs on its Python kernels.
+"""
+import os
+import sys
+
+from setuptools import setup
+
+ext_modules, cmdclass = [], {}
+if os.environ.get("TORCHQUANT_BUILD_NATIVE", "1") != "0":
+    try:
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError:  # an isolated build without torch: no native kernels
+        print("torchquant: torch not importable at build time; native kernels not built",
+              file=sys.stderr)
+    else:
+        here = os.path.dirname(os.path.abspath(__file__))
+        csrc = os.path.join("torchquant", "kernels", "native", "csrc")
+        ext_modules = [CppExtension(
+            "torchquant.kernels.native._C",
+            sources=sorted(os.path.join(csrc, f) for f in os.listdir(os.path.join(here, csrc))
+                           if f.endswith(".cpp")),
+            # no -march: fbgemm picks AVX2 / AVX-512 / VNNI kernels at run time
+            # -fopenmp: ATen's inline parallel_for is OpenMP (libgomp comes with torch)
+            # -ffp-contract=off: the fused cell loops round every product / sum as ATen does
+            extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off"],
+            extra_link_args=["-fopenmp"],
+        )]
+        cmdclass = {"build_ext": BuildExtension.with_options(no_python_abi_suffix=True)}
+
+setup(ext_modules=ext_modules, cmdclass=cmdclass)

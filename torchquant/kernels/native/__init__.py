@@ -1,0 +1,215 @@
+"""Native (C++) kernels: fbgemm's int8 GEMM on plain buffers, through ``torch.library``.
+
+``csrc/`` is built by the package's own build (setup.py, ``torch.utils.cpp_extension``) into
+``_C.so`` beside this file; it registers ``torch.ops.torchquant_native.*`` and the custom class
+``FbgemmLinearPack`` (a prepacked int8 weight).  The numbers are those of torch.ao's x86 /
+fbgemm engine, which runs the same fbgemm routines: the dynamic Linear (activation quantized
+per tensor with ATen's qparam rule, fbgemm's quantize, GEMM and float epilogue), the static
+uint8 Linear (fbgemm's requantizing epilogue, ReLU fused), and the dynamic LSTM / GRU loops
+(that dynamic Linear on the hidden state, then torch's CPU cell arithmetic, fused into a few
+passes with ATen's own sigmoid / tanh math; every step in C++).  fbgemm picks AVX2 / AVX-512 /
+VNNI kernels at run time; :func:`force_isa` forces a lower one for tests.
+
+Where the library was not built, fails to load, the CPU lacks AVX2, or ``TORCHQUANT_NATIVE=0``
+is set, :func:`available` is false and the registry's other kernels run; :func:`describe`
+says which, logged once on first use.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from ..._log import emit_once
+from ..registry import implementations, register
+
+__all__ = ["available", "describe", "isa", "exact_u8", "force_isa", "pack", "dynamic_linear",
+           "static_linear", "lstm_sequence", "gru_sequence"]
+
+_LIBRARY = Path(__file__).with_name("_C.so")
+_state: dict[str, Any] = {}
+
+
+def _load() -> Optional[str]:
+    """Load the library once; the reason it is not usable, or None."""
+    if os.environ.get("TORCHQUANT_NATIVE", "1").strip() == "0":
+        return "disabled by TORCHQUANT_NATIVE=0"
+    if not _LIBRARY.exists():
+        return f"not built ({_LIBRARY.name} absent: reinstall with pip install --no-build-isolation)"
+    try:
+        torch.ops.load_library(str(_LIBRARY))
+    except (OSError, RuntimeError) as e:
+        return f"failed to load {_LIBRARY.name}: {e}"
+    if torch.ops.torchquant_native.fbgemm_isa() == "anyarch":
+        return "this CPU has no AVX2 (fbgemm cannot run)"
+    _register_fakes()
+    return None
+
+
+def _register_fakes() -> None:
+    """Shapes for export / compile (the native ops are eager kernels; graphs see the
+    ``torchquant::`` ops that call them)."""
+    lib = "torchquant_native::"
+
+    @torch.library.register_fake(lib + "fbgemm_linear_dynamic")
+    def _(x, packed, reduce_range, relu):
+        return x.new_empty(*x.shape[:-1], packed.out_features())
+
+    @torch.library.register_fake(lib + "fbgemm_linear_static")
+    def _(x, x_scale, x_zero_point, packed, out_scale, out_zero_point, relu):
+        return x.new_empty(*x.shape[:-1], packed.out_features())
+
+    @torch.library.register_fake(lib + "fbgemm_lstm_sequence")
+    def _(ih, h0, c0, w_hh, reduce_range, reverse):
+        return ih.new_empty(ih.size(0), *h0.shape), torch.empty_like(h0), torch.empty_like(c0)
+
+    @torch.library.register_fake(lib + "fbgemm_gru_sequence")
+    def _(ih, h0, w_hh, reduce_range, reverse):
+        return ih.new_empty(ih.size(0), *h0.shape), torch.empty_like(h0)
+
+
+def _reason() -> Optional[str]:
+    if "reason" not in _state:
+        _state["reason"] = _load()
+    return _state["reason"]
+
+
+def available() -> bool:
+    """Whether the native kernels run in this process (says once which kernels are used)."""
+    ok = _state.get("ok")
+    if ok is None:
+        reason = _reason()
+        ok = _state["ok"] = reason is None
+        if ok:
+            emit_once(logging.DEBUG, "native kernels: fbgemm", key="native-kernels")
+        else:
+            level = logging.INFO if "not built" in reason or "failed" in reason else logging.DEBUG
+            emit_once(level, f"native kernels unavailable ({reason}); using the Python kernels",
+                      key="native-kernels")
+    return ok
+
+
+def describe() -> str:
+    """One line: which kernels the int8 Linear / RNN paths use here and why."""
+    reason = _reason()
+    return f"native fbgemm kernels ({isa()})" if reason is None else f"Python kernels ({reason})"
+
+
+def _require() -> None:
+    if not available():
+        raise RuntimeError(f"torchquant's native kernels are not available: {describe()}")
+
+
+def isa() -> str:
+    """The instruction set fbgemm's kernels use now ('avx2', 'avx512', 'avx512_vnni', ...)."""
+    current = _state.get("isa")
+    if current is None:
+        _require()
+        current = _state["isa"] = torch.ops.torchquant_native.fbgemm_isa()
+    return current
+
+
+def exact_u8() -> bool:
+    """Whether fbgemm's u8 x s8 products are exact for every uint8 code (VNNI); AVX2 and
+    AVX-512 without VNNI saturate int16 pairs, so only reduce_range activations (0..127, at
+    most 128 after rounding) are exact there."""
+    exact = _state.get("exact_u8")
+    if exact is None:
+        _require()
+        exact = _state["exact_u8"] = bool(torch.ops.torchquant_native.fbgemm_exact_u8())
+    return exact
+
+
+def force_isa(name: str) -> None:
+    """Force fbgemm (this process, torch.ao's fbgemm included) down to ``name`` ('avx2',
+    'avx512', 'avx512_vnni', ...) or back to 'auto'.  Packs are kept per instruction set."""
+    _require()
+    torch.ops.torchquant_native.fbgemm_force_isa(name)
+    _state.pop("isa", None)
+    _state.pop("exact_u8", None)
+
+
+# packed weight -> {instruction set: FbgemmLinearPack}
+_PACKS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def pack(packed: Any) -> Any:
+    """The fbgemm pack of a :class:`~torchquant.kernels.linear.PackedLinearWeight`, made once
+    per instruction set and dropped with it."""
+    per_isa = _PACKS.get(packed)
+    if per_isa is None:
+        per_isa = _PACKS[packed] = {}
+    key = isa()
+    p = per_isa.get(key)
+    if p is None:
+        p = per_isa[key] = torch.ops.torchquant_native.fbgemm_pack_linear(
+            packed.weight, packed.channel_scale, packed.channel_zero_point, packed.bias)
+    return p
+
+
+def _applies(x: torch.Tensor, packed: Any = None, reduce_range: bool = True, **_: Any) -> bool:
+    return (packed is not None and x.dtype == torch.float32 and x.device.type == "cpu"
+            and packed.weight.device.type == "cpu" and packed.weight.numel() > 0
+            and (bool(reduce_range) or exact_u8()))
+
+
+def dynamic_linear(x2d: torch.Tensor, packed: Any, reduce_range: bool, relu: bool) -> torch.Tensor:
+    """torch.ao's dynamic Linear (fbgemm) of a float32 ``[M, K]`` input, float32 out."""
+    return torch.ops.torchquant_native.fbgemm_linear_dynamic(x2d, pack(packed), reduce_range, relu)
+
+
+def _static_applies(x: torch.Tensor, packed: Any = None, out_qdtype: Any = None,
+                    post_op: str = "", **_: Any) -> bool:
+    """uint8 in and out, no post-op but ReLU, and exact u8 x s8 products (VNNI: fbgemm's AVX2
+    kernels saturate int16 pairs of full-range uint8 activations)."""
+    return (packed is not None and x.dtype == torch.uint8 and packed.weight.numel() > 0
+            and packed.weight.device.type == "cpu" and post_op in ("none", "relu")
+            and getattr(out_qdtype, "storage_dtype", None) == torch.uint8
+            and getattr(out_qdtype, "qmin", None) == 0 and getattr(out_qdtype, "qmax", None) == 255
+            and exact_u8())
+
+
+def static_linear(x2d: torch.Tensor, x_scale: float, x_zp: int, packed: Any, out_scale: float,
+                  out_zp: int, out_qdtype: Any, post_op: Any, other: Any) -> torch.Tensor:
+    """torch.ao's static quantized Linear (fbgemm): uint8 ``[M, K]`` in, uint8 out, ReLU fused
+    (the registry's ``quantized_linear`` signature)."""
+    if not _static_applies(x2d, packed, out_qdtype, post_op.name) or other is not None:
+        # a call this kernel does not cover: the next registered implementation that does
+        hints = {"packed": packed, "out_qdtype": out_qdtype, "post_op": post_op.name}
+        impls = [k for name, k in implementations("quantized_linear").items() if name != "native"]
+        kernel = next((k for k in impls if k.name != "reference" and k.accepts(x2d, hints)),
+                      impls[-1])
+        return kernel.fn(x2d, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, post_op,
+                         other)
+    return torch.ops.torchquant_native.fbgemm_linear_static(
+        x2d, float(x_scale), int(x_zp), pack(packed), float(out_scale), int(out_zp),
+        post_op.name == "relu")
+
+
+def lstm_sequence(ih: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, packed: Any,
+                  reduce_range: bool, reverse: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A dynamic LSTM direction over ``ih`` ([T, B, 4H], input projections with their bias):
+    ``(outputs [T, B, H], h_T, c_T)``."""
+    return torch.ops.torchquant_native.fbgemm_lstm_sequence(ih, h0, c0, pack(packed), reduce_range,
+                                                            reverse)
+
+
+def gru_sequence(ih: torch.Tensor, h0: torch.Tensor, packed: Any, reduce_range: bool,
+                 reverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dynamic GRU direction over ``ih`` ([T, B, 3H]): ``(outputs [T, B, H], h_T)``."""
+    return torch.ops.torchquant_native.fbgemm_gru_sequence(ih, h0, pack(packed), reduce_range,
+                                                           reverse)
+
+
+register("dynamic_linear_float", "native", devices=("cpu",), applies=_applies,
+         available=available)(dynamic_linear)
+register("quantized_linear", "native", devices=("cpu",), applies=_static_applies,
+         available=available)(static_linear)
+register("lstm_sequence", "native", devices=("cpu",), applies=_applies,
+         available=available)(lstm_sequence)
+register("gru_sequence", "native", devices=("cpu",), applies=_applies,
+         available=available)(gru_sequence)
