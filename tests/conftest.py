@@ -1,5 +1,6 @@
 import functools
 import io
+import os
 import warnings
 
 import pytest
@@ -7,6 +8,34 @@ import torch
 
 # torch 2.13 warns on every use of its quantized dtypes; here they are only the oracle.
 warnings.filterwarnings("ignore", message="torch.quantize_per_tensor, torch.quantize_per_channel")
+
+
+def pytest_report_header(config):
+    """The CPU and the path each torchquant kernel family takes on it (issue 27)."""
+    from torchquant.kernels import cpu_isa
+    from torchquant.kernels import linear as klinear
+    from torchquant.kernels import linear_small_m
+    exact_max = klinear.onednn_u8_exact_max()
+    if exact_max >= 255:
+        int8 = "oneDNN int8, one call for every uint8 input"
+        dynamic = "oneDNN int8 accumulator + torch.ao's fused epilogue"
+    elif exact_max >= 0:
+        int8 = (f"oneDNN int8, inputs above {exact_max} as two exact halves (sparse high half "
+                "where it pays)")
+        dynamic = (f"<= {linear_small_m.SMALL_M_MAX_ROWS} rows: exact float32 GEMM, else oneDNN "
+                   "int8 (split above 128); torch.ao's fused epilogue")
+    else:
+        int8 = dynamic = "plain-torch reference (no usable oneDNN)"
+    return [
+        f"cpu: flags {' '.join(cpu_isa.cpu_flags()) or 'unknown'}; ATen "
+        f"{torch.backends.cpu.get_cpu_capability()}; ONEDNN_MAX_CPU_ISA="
+        f"{os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset')}; TORCHQUANT_CPU_ISA="
+        f"{cpu_isa.cpu_isa_cap()}",
+        f"torchquant paths: linear / conv: {int8}; dynamic linear: {dynamic}; conv-transpose: "
+        f"reference; fp16 linear: float32 GEMM; torch._int_mm exact here: "
+        f"{klinear.int_mm_exact_on_cpu()}",
+        f"torch.ao oracle exact on full-range uint8 here: {torch_oracle_exact_u8()}",
+    ]
 
 
 @pytest.fixture(autouse=True)
@@ -30,8 +59,8 @@ def weights_only_roundtrip():
 # What the CPU under the tests does to torch's oracles
 # --------------------------------------------------------------------------------------------
 #
-# The suite runs on AVX-512 Xeons (VNNI / AMX) and on AVX2-only CPUs (e.g. AMD EPYC).  On the
-# latter, torch's x86 / fbgemm / onednn int8 GEMMs and convs multiply u8 x s8 with
+# The suite runs on AVX-512 VNNI / AMX CPUs (Xeons, an AVX-512 VNNI AMD EPYC) and on AVX2-only
+# CPUs (older EPYCs).  On the latter, torch's x86 / fbgemm / onednn int8 GEMMs and convs multiply u8 x s8 with
 # ``vpmaddubsw``, which saturates each pair ``u8*s8 + u8*s8`` to int16: with activations above
 # 128 torch's quantized Linear / Conv are simply wrong there (e.g. 247 where the exact answer
 # is 255).  Activations 0..127 -- what torch's reduce_range qconfigs produce -- never saturate.

@@ -22,6 +22,7 @@ reference within one output step (float rounding differs near ties).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -774,14 +775,18 @@ _FLOAT32 = struct.Struct("f")
 
 
 def _unit_epilogue_operands(packed: PackedLinearWeight) -> tuple:
-    """(unit channel scales, zero channel zero points, the per-tensor weight scale or None),
-    made once per pack (kept in ``requant_epilogues`` under a key no qparams tuple takes)."""
+    """(unit channel scales, zero channel zero points, the per-tensor weight scale or None,
+    the pack with unit scales and no bias), made once per pack (kept in
+    ``requant_epilogues`` under a key no qparams tuple takes)."""
     operands = packed.requant_epilogues.get("dynamic_unit")
     if operands is None:
         n = packed.out_features
         per_tensor = float(packed.channel_scale[0]) if packed.axis is None and n else None
+        ones = torch.ones(n)
+        unit_pack = dataclasses.replace(packed, channel_scale=ones, bias=None,
+                                        requant_epilogues={}, eager_calls={})
         operands = packed.requant_epilogues["dynamic_unit"] = (
-            torch.ones(n), torch.zeros(n, dtype=torch.int64), per_tensor)
+            ones, torch.zeros(n, dtype=torch.int64), per_tensor, unit_pack)
     return operands
 
 
@@ -808,11 +813,12 @@ def fbgemm_dynamic_epilogue(acc: torch.Tensor, x_scale: Scalar, packed: PackedLi
 @register("dynamic_linear", "onednn", devices=("cpu",),
           applies=lambda x, packed, **_: _onednn_applies(x, packed), available=onednn_usable)
 def _dynamic_linear_onednn(x_q, x_scale, x_zp, packed, relu):
-    if not onednn_exact_for(x_q):  # would saturate on this CPU (reduce_range=False activations)
-        y = onednn_split_linear(x_q, x_scale, x_zp, packed)
-        return y.relu_() if relu else y
     # the accumulator through oneDNN at unit scales, then torch.ao's epilogue
-    ones, zeros, _ = _unit_epilogue_operands(packed)
+    ones, zeros, _, unit_pack = _unit_epilogue_operands(packed)
+    if not onednn_exact_for(x_q):  # would saturate on this CPU (reduce_range=False activations)
+        # two exact halves at unit scales: integer floats, their sum exact below 2**24
+        acc = onednn_split_linear(x_q, 1.0, x_zp, unit_pack, with_bias=False)
+        return fbgemm_dynamic_epilogue(acc, x_scale, packed, relu)
     acc = torch.ops.onednn.qlinear_pointwise(
         x_q, 1.0, int(x_zp), packed.onednn_weight, ones, zeros, None, 1.0, 0, torch.float32,
         "none", [], "")
