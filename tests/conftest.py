@@ -10,7 +10,8 @@ import torch
 warnings.filterwarnings("ignore", message="torch.quantize_per_tensor, torch.quantize_per_channel")
 
 
-def pytest_report_header(config):
+@functools.cache
+def _cpu_paths_report() -> tuple[str, ...]:
     """The CPU and the path each torchquant kernel family takes on it (issue 27)."""
     from torchquant.kernels import cpu_isa
     from torchquant.kernels import linear as klinear
@@ -26,7 +27,7 @@ def pytest_report_header(config):
                    "int8 (split above 128); torch.ao's fused epilogue")
     else:
         int8 = dynamic = "plain-torch reference (no usable oneDNN)"
-    return [
+    return (
         f"cpu: flags {' '.join(cpu_isa.cpu_flags()) or 'unknown'}; ATen "
         f"{torch.backends.cpu.get_cpu_capability()}; ONEDNN_MAX_CPU_ISA="
         f"{os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset')}; TORCHQUANT_CPU_ISA="
@@ -35,7 +36,19 @@ def pytest_report_header(config):
         f"reference; fp16 linear: float32 GEMM; torch._int_mm exact here: "
         f"{klinear.int_mm_exact_on_cpu()}",
         f"torch.ao oracle exact on full-range uint8 here: {torch_oracle_exact_u8()}",
-    ]
+    )
+
+
+def pytest_report_header(config):
+    return list(_cpu_paths_report())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The same lines after the results, where ``-q`` (``make test``) shows them too; only in
+    the process that reports (xdist workers do not)."""
+    terminalreporter.section("CPU and kernel paths")
+    for line in _cpu_paths_report():
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(autouse=True)
