@@ -133,6 +133,26 @@ def test_linear_reduce_range_false_is_qnnpack():
         assert_close_to_torch(ours(x), theirs(x))
 
 
+@pytest.mark.parametrize("rows", [8, 64])
+@pytest.mark.parametrize("qconfig", ["per_tensor", "per_channel"])
+def test_linear_384_bit_exact_with_torch(rows, qconfig):
+    """Issue 27's case (MiniLM's Linear(384, 384)): bit for bit torch.ao's, on every path --
+    the exact accumulator (oneDNN, its two halves, or the small-M float32 GEMM) followed by
+    fbgemm's epilogue ``fma(acc, x_scale * w_scale, bias)``; oneDNN's own epilogue (multiply,
+    then add) left 36-59 % of outputs an ulp off.  reduce_range activations: torch.ao is exact
+    on every CPU."""
+    lin = nn.Linear(384, 384)
+    x = torch.randn(rows, 384)
+    ours = nnqd.Linear.from_float(with_qconfig(lin, QCONFIGS[qconfig][0]))
+    theirs = ao_nnqd.Linear.from_float(with_qconfig(lin, QCONFIGS[qconfig][1]))
+    with torch.no_grad():
+        assert torch.equal(ours(x), theirs(x))
+        relu_ours = nniqd.LinearReLU.from_float(with_qconfig(
+            nni.LinearReLU(copy.deepcopy(lin), nn.ReLU()), QCONFIGS[qconfig][0]))
+        relu_theirs = ao_nniqd.LinearReLU.from_float(ao_fused(lin, QCONFIGS[qconfig][1]))
+        assert torch.equal(relu_ours(x), relu_theirs(x))
+
+
 def test_linear_float16_and_relu():
     lin = nn.Linear(48, 24)
     lin.weight.data[0, 0] = 1e6  # saturates to float16's max, as torch's fp16 prepack

@@ -796,7 +796,7 @@ def fbgemm_dynamic_epilogue(acc: torch.Tensor, x_scale: Scalar, packed: PackedLi
     ``acc``: ``fma(acc, float32(x_scale * w_scale), bias)`` then ReLU, in place where it can.
     oneDNN's own epilogue (multiply, then add: two roundings) lands an ulp apart on about
     half of the outputs; ``torch.add(b, a, alpha=m)`` and ``torch.addcmul`` are fused
-    multiply-adds on CPU (tests/kernels/test_linear.py checks the bits against torch.ao)."""
+    multiply-adds on CPU (tests/nn/test_dynamic_modules.py checks the bits against torch.ao)."""
     per_tensor = _unit_epilogue_operands(packed)[2]
     if per_tensor is not None:
         x32 = _FLOAT32.unpack(_FLOAT32.pack(float(x_scale)))[0]
