@@ -1,5 +1,6 @@
 import functools
 import io
+import os
 import warnings
 
 import pytest
@@ -7,6 +8,47 @@ import torch
 
 # torch 2.13 warns on every use of its quantized dtypes; here they are only the oracle.
 warnings.filterwarnings("ignore", message="torch.quantize_per_tensor, torch.quantize_per_channel")
+
+
+@functools.cache
+def _cpu_paths_report() -> tuple[str, ...]:
+    """The CPU and the path each torchquant kernel family takes on it (issue 27)."""
+    from torchquant.kernels import cpu_isa
+    from torchquant.kernels import linear as klinear
+    from torchquant.kernels import linear_small_m
+    exact_max = klinear.onednn_u8_exact_max()
+    if exact_max >= 255:
+        int8 = "oneDNN int8, one call for every uint8 input"
+        dynamic = "oneDNN int8 accumulator + torch.ao's fused epilogue"
+    elif exact_max >= 0:
+        int8 = (f"oneDNN int8, inputs above {exact_max} as two exact halves (sparse high half "
+                "where it pays)")
+        dynamic = (f"<= {linear_small_m.SMALL_M_MAX_ROWS} rows: exact float32 GEMM, else oneDNN "
+                   "int8 (split above 128); torch.ao's fused epilogue")
+    else:
+        int8 = dynamic = "plain-torch reference (no usable oneDNN)"
+    return (
+        f"cpu: flags {' '.join(cpu_isa.cpu_flags()) or 'unknown'}; ATen "
+        f"{torch.backends.cpu.get_cpu_capability()}; ONEDNN_MAX_CPU_ISA="
+        f"{os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset')}; TORCHQUANT_CPU_ISA="
+        f"{cpu_isa.cpu_isa_cap()}",
+        f"torchquant paths: linear / conv: {int8}; dynamic linear: {dynamic}; conv-transpose: "
+        f"reference; fp16 linear: float32 GEMM; torch._int_mm exact here: "
+        f"{klinear.int_mm_exact_on_cpu()}",
+        f"torch.ao oracle exact on full-range uint8 here: {torch_oracle_exact_u8()}",
+    )
+
+
+def pytest_report_header(config):
+    return list(_cpu_paths_report())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The same lines after the results, where ``-q`` (``make test``) shows them too; only in
+    the process that reports (xdist workers do not)."""
+    terminalreporter.section("CPU and kernel paths")
+    for line in _cpu_paths_report():
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(autouse=True)
@@ -30,18 +72,13 @@ def weights_only_roundtrip():
 # What the CPU under the tests does to torch's oracles
 # --------------------------------------------------------------------------------------------
 #
-# The suite runs on AVX-512 Xeons (VNNI / AMX) and on AVX2-only CPUs (e.g. AMD EPYC).  On the
-# latter, torch's x86 / fbgemm / onednn int8 GEMMs and convs multiply u8 x s8 with
+# The suite runs on AVX-512 VNNI / AMX CPUs (Xeons, an AVX-512 VNNI AMD EPYC) and on AVX2-only
+# CPUs (older EPYCs).  On the latter, torch's x86 / fbgemm / onednn int8 GEMMs and convs multiply u8 x s8 with
 # ``vpmaddubsw``, which saturates each pair ``u8*s8 + u8*s8`` to int16: with activations above
 # 128 torch's quantized Linear / Conv are simply wrong there (e.g. 247 where the exact answer
 # is 255).  Activations 0..127 -- what torch's reduce_range qconfigs produce -- never saturate.
 # torchquant's own kernels stay exact on such CPUs (kernels.linear.onednn_u8_exact_max); only
 # the oracle needs care.
-
-def cpu_has_avx512() -> bool:
-    """ATen's dispatch level (``AVX512`` / ``AVX2`` / ``DEFAULT``...) names AVX-512."""
-    return "AVX512" in torch.backends.cpu.get_cpu_capability().upper()
-
 
 def _torch_linear_conv_u8(engine: str) -> tuple[int, int]:
     """torch's quantized Linear and Conv2d output for all-255 activations and all-127 weights
@@ -96,6 +133,39 @@ def oracle_input(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor
     return x.clamp(max=(127 - zero_point) * scale)
 
 
+def assert_equal_but_ties(got: torch.Tensor, expected: torch.Tensor, exact: torch.Tensor,
+                          magnitude: torch.Tensor) -> None:
+    """``got == expected`` (integer codes) except where the exact unrounded code ``exact``
+    (float64) lies within a few float32 ulps of a rounding tie (``k + 0.5``): there a float32
+    epilogue may round either way depending on the order of its multiply / add, which differs
+    between oneDNN's kernels (e.g. its AVX-512 VNNI conv3d kernel and the one torch.ao's
+    module runs: one code in ~10^5 on random 3-d convs here), and one step is allowed.
+    ``magnitude`` bounds the float32 intermediates of the epilogue in code units (e.g.
+    ``(|acc * scale| + |bias|) / out_scale + |zero_point|``)."""
+    diff = (got.to(torch.int32) - expected.to(torch.int32)).abs()
+    near_tie = ((exact - exact.floor() - 0.5).abs()
+                <= 8 * torch.finfo(torch.float32).eps * (magnitude.double() + 1))
+    assert int(diff.max()) <= 1, f"max difference {int(diff.max())} steps"
+    assert bool(near_tie[diff != 0].all()), \
+        f"{int((diff != 0).sum())} codes differ, {int((diff[~near_tie] != 0).sum())} not at a tie"
+
+
+def assert_fp16_linear_close(ours: torch.Tensor, theirs: torch.Tensor, x: torch.Tensor,
+                             weight16: torch.Tensor) -> None:
+    """torchquant's float16 dynamic Linear against torch.ao's, on every CPU: the same float32
+    products, summed in another order, so a few float32 roundings of the summed magnitudes
+    apart (measured <= 0.6 eps * sum|x_j w_j|; a wrong fp16 weight rounding would be ~2**-11
+    relative, and the tests compare the weights exactly).  Why not bit-exact: torch.ao's fbgemm
+    fp16 GEMM is a float32 fused multiply-add chain over k in order, bias added after (checked
+    bit for bit on an AVX-512 VNNI EPYC, for K up to 1024), while torchquant's is a float32
+    GEMM of the widened weight (MKL / oneDNN), whose blocking over k depends on the CPU and
+    the library -- equal to torch.ao's on some CPUs, ~10-90 % of outputs an ulp or so off on
+    others.  A sequential FMA chain has no fast plain-torch form."""
+    magnitude = x.abs() @ weight16.abs().t()
+    tol = 8 * torch.finfo(torch.float32).eps * (magnitude + 1.0)
+    assert bool(((ours - theirs).abs() <= tol).all()), (ours - theirs).abs().max()
+
+
 @pytest.fixture(name="torch_oracle_exact_u8")
 def _torch_oracle_exact_u8_fixture() -> bool:
     return torch_oracle_exact_u8()
@@ -105,7 +175,3 @@ def _torch_oracle_exact_u8_fixture() -> bool:
 def _oracle_u8_fixture():
     return oracle_u8
 
-
-@pytest.fixture(name="cpu_has_avx512")
-def _cpu_has_avx512_fixture() -> bool:
-    return cpu_has_avx512()

@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torchquant as tq
-from torchquant import affine
+from torchquant import affine, kernels
+
+from conftest import torch_oracle_exact_u8
 
 DTYPES = [(tq.quint8, torch.quint8, 0, 255), (tq.qint8, torch.qint8, -128, 127),
           (tq.qint32, torch.qint32, -(2**31), 2**31 - 1)]
@@ -156,9 +158,82 @@ def test_quantize_per_tensor_dynamic_matches_torch(ours, theirs, qmin, qmax, red
         assert torch.equal(got.int_repr(), expected.int_repr())
 
 
-def test_nan_maps_to_zero_point():
-    q = tq.quantize_per_tensor(torch.tensor([float("nan"), 1.0]), 0.1, 7, tq.quint8)
-    assert q.int_repr().tolist() == [7, 17]
+# NaN / +-inf / huge values, in and out of a vector block (torch's vector body and scalar tail)
+SPECIAL = torch.tensor([float("nan"), float("inf"), float("-inf"), 1e30, -1e30, 0.5, 1e19, -2.0]
+                       * 5)
+SPECIAL[17] = float("nan")
+
+
+@pytest.mark.parametrize("qdtype,zero_point", [("quint8", 7), ("qint8", -3), ("qint32", 2)])
+def test_nan_and_inf_quantize_as_torch(qdtype, zero_point):
+    """torch 2.13's codes for NaN (:func:`affine.nan_code`): per tensor 255 / 127 (8-bit) and
+    INT32_MIN (qint32); per channel 0 (8-bit) and INT32_MIN; infinities saturate.  Measured the
+    same under ATEN_CPU_CAPABILITY=avx512 / avx2 / default."""
+    theirs_dtype, ours_dtype = getattr(torch, qdtype), getattr(tq, qdtype)
+    expected = torch.quantize_per_tensor(SPECIAL, 0.1, zero_point, theirs_dtype).int_repr()
+    assert torch.equal(tq.quantize_per_tensor(SPECIAL, 0.1, zero_point, ours_dtype).int_repr(),
+                       expected)
+    x = SPECIAL.view(5, 8)
+    scales = torch.tensor([0.1, 0.2, 0.05, 1.0, 0.3], dtype=torch.float64)
+    zps = torch.full((5,), zero_point)
+    expected = torch.quantize_per_channel(x, scales, zps, 0, theirs_dtype).int_repr()
+    got = tq.quantize_per_channel(x, scales, zps, 0, ours_dtype).int_repr()
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_nan_and_inf_fake_quantize_as_torch(dtype):
+    """NaN fake-quantizes to qmin; per channel, anything whose ``round(x / scale)`` overflows
+    int64 (+-inf, 1e30) does too (torch's per-channel kernel converts before clamping); the
+    gradient mask is False there."""
+    x = SPECIAL.to(dtype).view(5, 8)
+    for ours, theirs in ((x.clone().requires_grad_(), x.clone().requires_grad_()),):
+        got = tq.fake_quantize_per_tensor_affine(ours, 0.1, 3, 0, 255)
+        expected = torch.fake_quantize_per_tensor_affine(theirs, 0.1, 3, 0, 255)
+        assert torch.equal(got, expected)
+        got.sum().backward()
+        expected.sum().backward()
+        assert torch.equal(ours.grad, theirs.grad)
+    scales, zps = torch.tensor([0.1, 0.2, 0.05, 1.0, 0.3]), torch.tensor([3, 0, 9, 1, 200],
+                                                                            dtype=torch.int32)
+    got = tq.fake_quantize_per_channel_affine(x, scales, zps, 0, 0, 255)
+    assert torch.equal(got, torch.fake_quantize_per_channel_affine(x, scales, zps, 0, 0, 255))
+
+
+def test_nan_fake_quantize_module_with_observer_off_as_torch():
+    import torch.ao.quantization as aoq
+    from torchquant import quantization as tqq
+    ours, theirs = tqq.FakeQuantize(), aoq.FakeQuantize()
+    ours.disable_observer()
+    theirs.disable_observer()
+    assert torch.equal(ours(SPECIAL.clone()), theirs(SPECIAL.clone()))  # NaN -> 0.0 (qmin)
+
+
+def test_nan_through_a_converted_conv_as_torch():
+    """A NaN input quantizes to 255 as torch's, so the converted conv's output matches
+    torch.ao's -- where torch.ao's conv is exact on activations above 127 (VNNI / AMX CPUs;
+    without VNNI its u8 x s8 pairs saturate on that 255, tests/conftest.py): elsewhere the
+    same model on torchquant's reference kernels is the oracle."""
+    import torch.ao.quantization as aoq
+    from torchquant import quantization as tqq
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).eval()
+    x = torch.randn(1, 3, 6, 6)
+    x[0, 1, 2, 3] = float("nan")
+    calibration = torch.randn(4, 3, 6, 6)
+    outs = []
+    for q in (tqq, aoq):
+        m = torch.nn.Sequential(q.QuantStub(), *model, q.DeQuantStub())
+        m.qconfig = q.get_default_qconfig("x86")
+        prepared = q.prepare(m)
+        prepared(calibration)
+        converted = q.convert(prepared)
+        outs.append(converted(x))
+        if q is tqq:
+            assert int(converted[0](x).int_repr().max()) == 255  # the NaN's code
+            with kernels.reference_only():
+                reference = converted(x)
+    assert torch.equal(outs[0], outs[1] if torch_oracle_exact_u8() else reference)
 
 
 def test_sub_byte_pack_roundtrip():

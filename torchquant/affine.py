@@ -34,7 +34,7 @@ __all__ = [
     "choose_qparams", "choose_block_qparams", "choose_qparams_aten",
     "quantize_int", "dequantize_int", "quantize_per_tensor_int", "dequantize_per_tensor_int",
     "quantize_finite_per_tensor", "per_tensor_qparams",
-    "eager_fma", "quantize_formula", "quantize_finite_formula", "dequantize_formula",
+    "eager_fma", "nan_code", "quantize_formula", "quantize_finite_formula", "dequantize_formula",
     "fake_quantize_formula", "quantize_operands", "dequantize_operands",
     "quantize_with_multiplier_operands", "finite_per_tensor_operands",
     "block_layout", "block_qparam_shape", "block_qparams_view", "quantize_block_operands",
@@ -329,11 +329,26 @@ def eager_fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor
     return torch.addcmul(c, a, b)
 
 
+def nan_code(qmin: int, qmax: int, storage_dtype: torch.dtype, mode: str) -> int:
+    """The integer torch 2.13's CPU quantize gives NaN, by the kernel ``mode`` selects
+    (:func:`quantize_mode`): 8-bit per tensor (FMA) ``qmax`` (255 / 127: its vector clamp
+    returns the bound for NaN); 8-bit per channel and float zero points (MUL_ADD) the code 0
+    (NaN converts to INT32_MIN, whose low byte is 0); 32-bit ``qmin`` (INT32_MIN); sub-byte
+    (ROUND_ADD) ``qmin``.  The same on AVX-512, AVX2 and ATen's default path (measured)."""
+    if storage_dtype == torch.int32:
+        return qmin
+    if mode == FMA:
+        return qmax
+    if mode == MUL_ADD and qmin <= 0 <= qmax:
+        return 0
+    return qmin
+
+
 def quantize_formula(x: torch.Tensor, inv: torch.Tensor, zp: torch.Tensor, qmin: int, qmax: int,
                      storage_dtype: torch.dtype, mode: str, fma: Callable = eager_fma,
                      narrow_via_int32: bool = False) -> torch.Tensor:
     """``clamp(nearbyint(...))`` of ``x`` by the rounding ``mode`` (module docstring); NaN maps
-    to the zero point."""
+    to torch's :func:`nan_code`."""
     if mode == FMA:
         y = torch.round(fma(x, inv, zp))
     elif mode == MUL_ADD:
@@ -342,9 +357,9 @@ def quantize_formula(x: torch.Tensor, inv: torch.Tensor, zp: torch.Tensor, qmin:
         y = torch.round(x * inv) + zp
     else:
         raise ValueError(f"unknown rounding mode {mode!r}")
-    # NaN has no integer image; torchquant maps it to the zero point (a documented safe value).
-    # ``y == y`` rather than ``isnan``: inductor vectorises the comparison but not isnan.
-    y = torch.where(y == y, y, zp)
+    # NaN has no integer image; torch's kernels give it nan_code.  ``y == y`` rather than
+    # ``isnan``: inductor vectorises the comparison but not isnan.
+    y = torch.where(y == y, y, nan_code(qmin, qmax, storage_dtype, mode))
     if storage_dtype == torch.int32:
         y = y.to(torch.float64)  # 2**31 - 1 is not a float32: clamp where it is representable
     y = torch.clamp(y, qmin, qmax)
@@ -389,6 +404,7 @@ def fake_quantize_formula(x: torch.Tensor, inv: torch.Tensor, scale: torch.Tenso
     zp_wide = zp.to(wide)
     q = torch.round(x.to(wide) * inv.to(wide)) + zp_wide
     mask = (q >= qmin) & (q <= qmax)
+    q = torch.where(q == q, q, qmin)  # NaN: torch's integer conversion gives qmin (mask False)
     out = (torch.clamp(q, qmin, qmax) - zp_wide).to(scale.dtype) * scale
     return out.to(x.dtype), mask
 
@@ -583,6 +599,9 @@ def group_block_size(shape: Sequence[int], group_size: int) -> tuple[int, ...]:
 FakeQuantizeKernel = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
+_INT64_LIMIT = 2.0 ** 63
+
+
 def _fake_quantize_float_qparams(x: torch.Tensor, inv: torch.Tensor, scale: torch.Tensor,
                                  zp: torch.Tensor, qmin: int,
                                  qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -612,6 +631,11 @@ def fake_quantize_with_mask(x: torch.Tensor, scale: torch.Tensor, zero_point: to
         zp = _broadcast(zero_point.to(torch.float32), x.dim(), axis)
         return _fake_quantize_float_qparams(x, inv, sc, zp, qmin, qmax)
     zp = _broadcast(zero_point.to(torch.float32).round(), x.dim(), axis)
+    if axis is not None:
+        # torch's per-channel kernel converts round(x * inv) to int64 before clamping: where
+        # that overflows (+-inf, |x * inv| >= 2**63) it gets INT64_MIN, i.e. qmin, as NaN does
+        wide_x = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+        x = torch.where((wide_x * inv.to(wide_x.dtype)).abs() < _INT64_LIMIT, x, float("nan"))
     return kernel(x, inv, sc, zp, qmin, qmax)
 
 
@@ -904,5 +928,5 @@ def quantize_scalar(value: float, scale: float, zero_point: int, qmin: int, qmax
     else:
         raise ValueError(f"unknown rounding mode {mode!r}")
     if math.isnan(y):
-        return int(zero_point)
+        return nan_code(qmin, qmax, torch.int32 if qmin < -(1 << 16) else torch.uint8, mode)
     return int(min(max(y, qmin), qmax))

@@ -201,10 +201,16 @@ def test_saturation_guard_splits_large_inputs(monkeypatch):
     assert_within_one_step(onednn_static(small, *static_args), reference(small, *static_args))
     onednn_dynamic(small, 0.05, 7, packed, False)
     assert calls == []  # both on one oneDNN call
-    assert_within_one_step(onednn_static(big, *static_args),
-                           klinear._quantized_linear_int_mm(big, *static_args))
+    # the exact int32 GEMM: _int_mm where it is exact on this CPU (not under
+    # ONEDNN_MAX_CPU_ISA=AVX2 on a VNNI CPU, where ATen still sends it to oneDNN), else the
+    # reference kernels
+    exact_static = (klinear._quantized_linear_int_mm if klinear.int_mm_exact_on_cpu()
+                    else reference)
+    exact_dynamic = (klinear._dynamic_linear_int_mm if klinear.int_mm_exact_on_cpu()
+                     else kernels.implementations("dynamic_linear")["reference"].fn)
+    assert_within_one_step(onednn_static(big, *static_args), exact_static(big, *static_args))
     torch.testing.assert_close(onednn_dynamic(big, 0.05, 7, packed, False),
-                               klinear._dynamic_linear_int_mm(big, 0.05, 7, packed, False),
+                               exact_dynamic(big, 0.05, 7, packed, False).float(),
                                rtol=1e-5, atol=1e-5)
     assert calls.count("onednn_split_linear") == 2
     calls.clear()
@@ -256,9 +262,12 @@ def test_dispatch_by_rows():
     if ONEDNN_MIN_ROWS > 1:
         assert kernels.get("quantized_linear", one_row, packed=packed,
                            out_qdtype=tq.quint8) is impls["int_mm"].fn
-    # int8 activations (qint8) are _int_mm's whatever the rows: oneDNN takes uint8 only
+    # int8 activations (qint8) are _int_mm's whatever the rows (oneDNN takes uint8 only),
+    # where _int_mm is exact on this CPU (see klinear.int_mm_exact_on_cpu), else the reference's
+    from torchquant.kernels import linear as klinear
     assert kernels.get("quantized_linear", one_row.to(torch.int8), packed=packed,
-                       out_qdtype=tq.quint8) is impls["int_mm"].fn
+                       out_qdtype=tq.quint8) is \
+        impls["int_mm" if klinear.int_mm_exact_on_cpu() else "reference"].fn
     if impls["onednn"].available():
         many = torch.zeros(ONEDNN_MIN_ROWS, 16, dtype=torch.uint8)
         assert kernels.get("quantized_linear", many, packed=packed,

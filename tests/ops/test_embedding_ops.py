@@ -7,8 +7,8 @@ Oracles: torch's quantized Embedding / EmbeddingBag (fbgemm numerics) are matche
 for lookups and 'sum' bags; torch's EmbeddingBag ignores its ``mode`` (always sums), so 'mean'
 is torch's sum divided by the bag length and 'max' is ``F.embedding_bag`` over torch's lookup
 table (a max does no arithmetic).  The float16 Linear follows the tolerance rule of
-tests/nn/test_dynamic_modules.py (bit-exact on AVX-512 CPUs only; see
-:func:`assert_fp16_linear_matches`).
+tests/conftest.py (:func:`assert_fp16_linear_close`: a summation-order tolerance on every
+CPU, and why).
 """
 import copy
 
@@ -25,6 +25,8 @@ import torchquant.nn.quantized.dynamic as nnqd
 from torchquant import quantization as tqq
 from torchquant.ops import embedding as ops_embedding
 from torchquant.ops import linear_fp16 as ops_fp16
+
+from conftest import assert_fp16_linear_close
 
 QCONFIGS = {8: (aoq.float_qparams_weight_only_qconfig, tqq.float_qparams_weight_only_qconfig),
             4: (aoq.float_qparams_weight_only_qconfig_4bit,
@@ -206,21 +208,9 @@ def test_embedding_pack_cache_follows_in_place_qparam_changes():
 
 # ---- float16 dynamic Linear -----------------------------------------------------------------
 
-def assert_fp16_linear_matches(ours, theirs, x, weight16, cpu_has_avx512):
-    """Bit-exact on AVX-512 CPUs.  Elsewhere fbgemm's fp16 GEMM uses other register blocking
-    and sums the same float32 products in another order: a few float32 roundings of the summed
-    magnitudes apart (the reason and bound of tests/nn/test_dynamic_modules.py)."""
-    if cpu_has_avx512:
-        assert torch.equal(ours, theirs)
-        return
-    magnitude = x.abs() @ weight16.abs().t()
-    tol = 8 * torch.finfo(torch.float32).eps * (magnitude + 1.0)
-    assert bool(((ours - theirs).abs() <= tol).all()), (ours - theirs).abs().max()
-
-
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("relu", [False, True])
-def test_linear_dynamic_fp16_op(bias, relu, cpu_has_avx512):
+def test_linear_dynamic_fp16_op(bias, relu):
     torch.manual_seed(3)
     lin = nn.Linear(24, 12, bias=bias)
     lin.weight.data[0, 0] = 1e6  # saturates to float16's max, as torch's fp16 prepack
@@ -245,7 +235,7 @@ def test_linear_dynamic_fp16_op(bias, relu, cpu_has_avx512):
         expected = theirs(x)
     if relu:
         expected = torch.relu(expected)
-    assert_fp16_linear_matches(got, expected, x, w16.float(), cpu_has_avx512)
+    assert_fp16_linear_close(got, expected, x, w16.float())
     # float64 input: computed in float32, returned as float64 (the module's contract)
     assert ops_fp16.linear_dynamic_fp16(x.double(), ops_fp16.pack_linear_fp16(w16, b),
                                         relu).dtype == torch.float64

@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from . import cpu_isa as _cpu_isa
 from . import sparse_correction as _sparse
 from .registry import get, register
 from .registry import mode as kernel_mode
@@ -275,7 +276,8 @@ def _plan_key(x: torch.Tensor, *call: Any) -> Optional[tuple]:
     tensor qparams, list geometry)."""
     if torch.compiler.is_compiling():
         return None
-    key = (tuple(x.shape), x.stride(), x.dtype, x.device, kernel_mode(), *call)
+    key = (tuple(x.shape), x.stride(), x.dtype, x.device, kernel_mode(), _cpu_isa.cpu_isa_cap(),
+           *call)
     try:
         hash(key)
     except TypeError:

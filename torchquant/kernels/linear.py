@@ -22,9 +22,11 @@ reference within one output step (float rounding differs near ties).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional, Union
@@ -32,7 +34,7 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 import torch
 import torch.nn.functional as F
 
-from . import cpu_compiled, sparse_correction
+from . import cpu_compiled, cpu_isa, sparse_correction
 from .reference import quantize_formula
 from .registry import get, mode, register
 from .. import affine
@@ -106,7 +108,6 @@ def _onednn_conv_exact(x_value: int, w_value: int) -> bool:
     return True
 
 
-@functools.cache
 def onednn_u8_exact_max() -> int:
     """The largest uint8 activation for which oneDNN's u8 x s8 linear and conv are exact here:
     255 where they accumulate in int32 (VNNI, AMX), :data:`ONEDNN_SAFE_U8_MAX` (128) where
@@ -115,8 +116,18 @@ def onednn_u8_exact_max() -> int:
 
     Measured once, on inputs whose every pair of products sits at the edge (all 255 x 127,
     then all 128 x -128), for one and several rows and for dense, 1x1 and depthwise 1-3d
-    convs; the answer is exact integers or not, so it does not depend on rounding.
+    convs; the answer is exact integers or not, so it does not depend on rounding.  At most
+    :data:`ONEDNN_SAFE_U8_MAX` where ``TORCHQUANT_CPU_ISA`` is ``avx2`` / ``avx512``
+    (:mod:`.cpu_isa`: the saturating CPUs' paths, forced on a newer one).
     """
+    measured = _onednn_u8_exact_max_measured()
+    if measured > ONEDNN_SAFE_U8_MAX and cpu_isa.int8_pairs_forced_saturating():
+        return ONEDNN_SAFE_U8_MAX
+    return measured
+
+
+@functools.cache
+def _onednn_u8_exact_max_measured() -> int:
     if not onednn_available():
         return -1
     try:
@@ -340,12 +351,35 @@ def _as_signed(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     return x, 0
 
 
+@functools.cache
+def int_mm_exact_on_cpu() -> bool:
+    """Whether ``torch._int_mm`` is exact on this CPU for all int8 operands.  ATen runs it on
+    oneDNN where it sees AVX-512 VNNI, else on its own loop; oneDNN held below VNNI
+    (``ONEDNN_MAX_CPU_ISA=AVX2`` on a VNNI CPU) then computes s8 x s8 as (s8 + 128) x s8 with
+    saturating int16 pairs.  Measured once on edge values, as :func:`onednn_u8_exact_max`."""
+    k = 64
+    try:
+        with torch.no_grad():
+            for x_value, w_value in ((127, 127), (127, -128), (-128, -128)):
+                x = torch.full((32, k), x_value, dtype=torch.int8)
+                w = torch.full((k, 16), w_value, dtype=torch.int8)
+                if not bool((torch._int_mm(x, w) == x_value * w_value * k).all()):
+                    return False
+    except RuntimeError:
+        return False
+    return True
+
+
+def _int_mm_available() -> bool:
+    return torch.cuda.is_available() or int_mm_exact_on_cpu()
+
+
 def _int_mm_applies(x: torch.Tensor, packed: PackedLinearWeight, **_: Any) -> bool:
     if not packed.symmetric or x.device != packed.weight.device:
         return False
     if x.device.type == "cuda":  # cuBLASLt's int8 GEMM constraints
         return x.size(0) > 16 and x.size(1) % 8 == 0 and packed.out_features % 8 == 0
-    return x.size(0) > 0
+    return x.size(0) > 0 and int_mm_exact_on_cpu()
 
 
 def _onednn_applies(x: torch.Tensor, packed: PackedLinearWeight, **_: Any) -> bool:
@@ -571,7 +605,8 @@ def _requant_epilogue(packed: PackedLinearWeight, x_scale: float, x_zp: int, shi
     return cached
 
 
-@register("quantized_linear", "int_mm", devices=("cpu", "cuda"), applies=_int_mm_applies)
+@register("quantized_linear", "int_mm", devices=("cpu", "cuda"), applies=_int_mm_applies,
+          available=_int_mm_available)
 def _quantized_linear_int_mm(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, post_op,
                              other):
     if post_op.name != "none" and post_op.name != "relu":  # epilogue on the float result
@@ -734,7 +769,8 @@ def _dynamic_linear_reference(x_q, x_scale, x_zp, packed, relu):
     return torch.relu(y) if relu else y
 
 
-@register("dynamic_linear", "int_mm", devices=("cpu", "cuda"), applies=_int_mm_applies)
+@register("dynamic_linear", "int_mm", devices=("cpu", "cuda"), applies=_int_mm_applies,
+          available=_int_mm_available)
 def _dynamic_linear_int_mm(x_q, x_scale, x_zp, packed, relu):
     # y = (acc + (shift - x_zp) * sum_k w) * x_scale * w_scale + bias, the correction exact in int32
     x_signed, shift = _as_signed(x_q)
@@ -745,16 +781,58 @@ def _dynamic_linear_int_mm(x_q, x_scale, x_zp, packed, relu):
     return y.relu_() if relu else y
 
 
+_FLOAT32 = struct.Struct("f")
+
+
+def _unit_epilogue_operands(packed: PackedLinearWeight) -> tuple:
+    """(unit channel scales, zero channel zero points, the per-tensor weight scale or None,
+    the pack with unit scales and no bias), made once per pack (kept in
+    ``requant_epilogues`` under a key no qparams tuple takes)."""
+    operands = packed.requant_epilogues.get("dynamic_unit")
+    if operands is None:
+        n = packed.out_features
+        per_tensor = float(packed.channel_scale[0]) if packed.axis is None and n else None
+        ones = torch.ones(n)
+        unit_pack = dataclasses.replace(packed, channel_scale=ones, bias=None,
+                                        requant_epilogues={}, eager_calls={})
+        operands = packed.requant_epilogues["dynamic_unit"] = (
+            ones, torch.zeros(n, dtype=torch.int64), per_tensor, unit_pack)
+    return operands
+
+
+def fbgemm_dynamic_epilogue(acc: torch.Tensor, x_scale: Scalar, packed: PackedLinearWeight,
+                            relu: bool = False) -> torch.Tensor:
+    """torch.ao's (fbgemm's) dynamic Linear epilogue on the float32 integer accumulator
+    ``acc``: ``fma(acc, float32(x_scale * w_scale), bias)`` then ReLU, in place where it can.
+    oneDNN's own epilogue (multiply, then add: two roundings) lands an ulp apart on about
+    half of the outputs; ``torch.add(b, a, alpha=m)`` and ``torch.addcmul`` are fused
+    multiply-adds on CPU (tests/nn/test_dynamic_modules.py checks the bits against torch.ao)."""
+    per_tensor = _unit_epilogue_operands(packed)[2]
+    if per_tensor is not None:
+        x32 = _FLOAT32.unpack(_FLOAT32.pack(float(x_scale)))[0]
+        multiplier = _FLOAT32.unpack(_FLOAT32.pack(per_tensor * x32))[0]  # exact, rounded once
+        y = (acc.mul_(multiplier) if packed.bias is None
+             else torch.add(packed.bias, acc, alpha=multiplier))
+    else:
+        multiplier = packed.channel_scale * float(x_scale)
+        y = acc.mul_(multiplier) if packed.bias is None else torch.addcmul(packed.bias, acc,
+                                                                           multiplier)
+    return y.relu_() if relu else y
+
+
 @register("dynamic_linear", "onednn", devices=("cpu",),
           applies=lambda x, packed, **_: _onednn_applies(x, packed), available=onednn_usable)
 def _dynamic_linear_onednn(x_q, x_scale, x_zp, packed, relu):
+    # the accumulator through oneDNN at unit scales, then torch.ao's epilogue
+    ones, zeros, _, unit_pack = _unit_epilogue_operands(packed)
     if not onednn_exact_for(x_q):  # would saturate on this CPU (reduce_range=False activations)
-        y = onednn_split_linear(x_q, x_scale, x_zp, packed)
-        return y.relu_() if relu else y
-    return torch.ops.onednn.qlinear_pointwise(
-        x_q, float(x_scale), int(x_zp), packed.onednn_weight, packed.channel_scale,
-        packed.channel_zero_point, packed.bias, 1.0, 0, torch.float32,
-        "relu" if relu else "none", [], "")
+        # two exact halves at unit scales: integer floats, their sum exact below 2**24
+        acc = onednn_split_linear(x_q, 1.0, x_zp, unit_pack, with_bias=False)
+        return fbgemm_dynamic_epilogue(acc, x_scale, packed, relu)
+    acc = torch.ops.onednn.qlinear_pointwise(
+        x_q, 1.0, int(x_zp), packed.onednn_weight, ones, zeros, None, 1.0, 0, torch.float32,
+        "none", [], "")
+    return fbgemm_dynamic_epilogue(acc, x_scale, packed, relu)
 
 
 # --------------------------------------------------------------------------------------------
@@ -797,7 +875,8 @@ def _per_token_linear_reference(x_q, x_scale, packed, relu):
     return torch.relu(y) if relu else y
 
 
-@register("per_token_linear", "int_mm", devices=("cpu", "cuda"), applies=_int_mm_applies)
+@register("per_token_linear", "int_mm", devices=("cpu", "cuda"), applies=_int_mm_applies,
+          available=_int_mm_available)
 def _per_token_linear_int_mm(x_q, x_scale, packed, relu):
     acc = torch._int_mm(x_q, packed.weight.t())
     return _row_rescale_(acc * packed.channel_scale, x_scale, packed, relu)

@@ -68,10 +68,12 @@ def quantize_8bit_fma_eager(x: torch.Tensor, inv: torch.Tensor, zp: torch.Tensor
                             storage_dtype: torch.dtype) -> torch.Tensor:
     """:func:`torchquant.affine.quantize_formula` (FMA mode, 8-bit storage, float32 ``x``)
     in five kernels instead of seven, in place on its one temporary: the same fused
-    multiply-add and rounding; NaN to the zero point and infinities to the range ends (where
-    the formula's clamp puts them) with ``nan_to_num_``; the same clamp and cast."""
+    multiply-add and rounding; NaN to ``qmax`` (torch's code for NaN in this mode,
+    :func:`torchquant.affine.nan_code`) and infinities to the range ends (where the formula's
+    clamp puts them) with ``nan_to_num_``; the same clamp and cast.  ``zero_point`` is unused
+    (kept for callers)."""
     y = torch.addcmul(zp, x, inv).round_()
-    y.nan_to_num_(nan=float(zero_point), posinf=float(qmax), neginf=float(qmin))
+    y.nan_to_num_(nan=float(qmax), posinf=float(qmax), neginf=float(qmin))
     return y.clamp_(qmin, qmax).to(storage_dtype)
 
 

@@ -122,3 +122,23 @@ def test_digits_x86_accuracy_within_half_a_point_of_float():
         quant_acc = 100.0 * (gm(x_te).argmax(1) == y_te).float().mean().item()
     assert _qdq_counts(gm)[0] > 0
     assert quant_acc >= float_acc - 0.5, (quant_acc, float_acc)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_xnnpack_conv_then_adaptive_avg_pool_bit_exact(per_channel):
+    """Issue 27 reported 97.7 % / 99.2 % of outputs equal to torchao's for a 1x1 conv followed
+    by AdaptiveAvgPool2d(1) under XNNPACKQuantizer; on this tree (AVX-512 VNNI EPYC and with
+    torchquant's CPU paths capped at AVX2) convert_pt2e's outputs are torchao's bit for bit,
+    with zero and nonzero activation zero points."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 1), torch.nn.AdaptiveAvgPool2d(1)).eval()
+    inputs = (torch.randn(4, 16, 8, 8) + 0.5,)
+    gen = torch.Generator().manual_seed(1)
+    calibration = [(torch.randn(4, 16, 8, 8, generator=gen) + 0.5,) for _ in range(3)]
+    ao_q = ao_xnn.XNNPACKQuantizer().set_global(
+        ao_xnn.get_symmetric_quantization_config(is_per_channel=per_channel))
+    tq_q = tq_xnn.XNNPACKQuantizer().set_global(
+        tq_xnn.get_symmetric_quantization_config(is_per_channel=per_channel))
+    theirs, ours = _both(model, inputs, calibration, ao_q, tq_q)
+    for batch in [inputs] + calibration:
+        assert torch.equal(ours(*batch), theirs(*batch))
