@@ -22,6 +22,7 @@ from . import distributed as _distributed
 from .backend_config import BackendConfig, get_native_backend_config
 from .backend_config.utils import get_module_to_qat_module
 from .fx.convert import (convert_to_reference, keep_quantized_outputs, lower_to_torchquant,
+                         read_qparams_from_buffers,
                          mark_quantized_inputs, remove_qconfigs, rewire_standalone_module,
                          swap_custom_modules)
 from .fx.custom_config import ConvertCustomConfig, FuseCustomConfig, PrepareCustomConfig
@@ -293,6 +294,8 @@ def _convert(graph_module: GraphModule, convert_custom_config: Any, qconfig_mapp
         gm = lower_to_torchquant(gm, backend)
         remove_qconfigs(gm)
     keep_quantized_outputs(gm, state.get("_output_quantized_indexes", []))
+    if not is_reference:
+        read_qparams_from_buffers(gm)
     _warn_float_nodes(graph_module, what)
     gm.meta.pop(_PREPARED_KEY, None)
     _copy_preserved(graph_module, gm, custom.preserved_attributes)
