@@ -22,7 +22,7 @@ from . import distributed as _distributed
 from .backend_config import BackendConfig, get_native_backend_config
 from .backend_config.utils import get_module_to_qat_module
 from .fx.convert import (convert_to_reference, keep_quantized_outputs, lower_to_torchquant,
-                         read_qparams_from_buffers,
+                         ORIGINAL_WEIGHTS_LOOKUP, read_qparams_from_buffers,
                          mark_quantized_inputs, remove_qconfigs, rewire_standalone_module,
                          swap_custom_modules)
 from .fx.custom_config import ConvertCustomConfig, FuseCustomConfig, PrepareCustomConfig
@@ -316,11 +316,17 @@ def convert_fx(graph_module: GraphModule,
                backend_config: Union[BackendConfig, dict[str, Any], None] = None,
                keep_original_weights: bool = False) -> GraphModule:
     """Convert a prepared (and calibrated / trained) model to a quantized one: the reference
-    model lowered to torchquant quantized modules and QTensor ops."""
-    if keep_original_weights:
-        raise NotImplementedError("convert_fx: keep_original_weights=True is not supported yet")
-    return _convert(graph_module, convert_custom_config, qconfig_mapping, backend_config, False,
-                    "convert_fx")
+    model lowered to torchquant quantized modules and QTensor ops.
+
+    ``keep_original_weights=True`` (as torch.ao) keeps the float weight and bias of every
+    functional ``F.linear`` / ``F.conv*`` that was quantized, as
+    ``model.original_weights_lookup[<name of its quantized weight holder>] = [weight, bias]``
+    (bias None when absent)."""
+    converted = _convert(graph_module, convert_custom_config, qconfig_mapping, backend_config,
+                         False, "convert_fx")
+    if not keep_original_weights:
+        converted.__dict__.pop(ORIGINAL_WEIGHTS_LOOKUP, None)
+    return converted
 
 
 def convert_to_reference_fx(graph_module: GraphModule,

@@ -43,7 +43,7 @@ from .fuse import _set_module
 __all__ = ["quantize_per_tensor", "quantize_per_channel", "quantize_per_tensor_dynamic",
            "round_to_float16", "convert_to_reference", "lower_to_torchquant", "remove_qconfigs",
            "mark_quantized_inputs", "swap_custom_modules", "keep_quantized_outputs",
-           "rewire_standalone_module", "activation_qparams", "read_qparams_from_buffers",
+           "rewire_standalone_module", "activation_qparams", "ORIGINAL_WEIGHTS_LOOKUP", "read_qparams_from_buffers",
            "refresh_qparam_literals"]
 
 
@@ -72,6 +72,14 @@ def round_to_float16(x: torch.Tensor) -> torch.Tensor:
 
 
 _QUANTIZE_FUNCTIONS = (quantize_per_tensor, quantize_per_channel)
+# GraphModule attribute (torch.ao's name): quantized weight holder -> [float weight, bias]
+ORIGINAL_WEIGHTS_LOOKUP = "original_weights_lookup"
+
+
+def _keep_original_weights(gm: GraphModule, holder: str, weight: torch.Tensor,
+                           bias: Optional[torch.Tensor]) -> None:
+    lookup = gm.__dict__.setdefault(ORIGINAL_WEIGHTS_LOOKUP, {})
+    lookup[holder] = [weight.detach().clone(), None if bias is None else bias.detach().clone()]
 # dynamic activations quantize with reduce_range as torch's fbgemm / x86 engines do
 _DYNAMIC_REDUCE_RANGE = True
 
@@ -725,6 +733,7 @@ def _lower_functional_weighted(gm: GraphModule, modules: dict[str, torch.nn.Modu
     qlinear.scale, qlinear.zero_point = scale, zp
     module_name = _new_attr_name(gm, f"{node.name}_quantized_")
     gm.add_submodule(module_name, qlinear)
+    _keep_original_weights(gm, module_name, weight, bias)
     modules[module_name] = qlinear
     with gm.graph.inserting_before(node):
         lowered = gm.graph.call_module(module_name, (x_dq.args[0],))
@@ -817,6 +826,7 @@ def _lower_dynamic_functional_linear(gm: GraphModule, modules: dict[str, torch.n
     qlinear.set_weight_bias(w_q, None if bias is None else bias.detach())
     module_name = _new_attr_name(gm, f"{node.name}_dynamic_")
     gm.add_submodule(module_name, qlinear)
+    _keep_original_weights(gm, module_name, weight, bias)
     modules[module_name] = qlinear
     tail = users[0] if relu else node
     with gm.graph.inserting_before(node):
