@@ -316,12 +316,12 @@ class _RankSync:
         if x.numel():
             x_min, x_max = torch.aminmax(x)
             if math.isnan(x_min.item()) or math.isnan(x_max.item()):
-                raise ValueError(f"{type(obs).__name__}: the input contains NaN, which has no "
+                raise ValueError(f"{obs._label()}: the input contains NaN, which has no "
                                  "place in a histogram")
             if math.isinf(x_min.item()) or math.isinf(x_max.item()):
-                warnings.warn(f"{type(obs).__name__}: ignoring +-inf values in the input",
-                              stacklevel=3)
-                x = x[torch.isfinite(x)]
+                raise ValueError(f"{obs._label()}: the input contains Inf (min "
+                                 f"{x_min.item()}, max {x_max.item()}), which has no "
+                                 "quantization range")
         if x.numel():
             x_min, x_max = torch.aminmax(x)
         else:

@@ -29,6 +29,7 @@ from .observer import (
     _with_args,
     is_per_channel,
     is_per_tensor,
+    owner_label,
     default_fixed_qparams_range_0to1_observer,
     default_fixed_qparams_range_neg1to1_observer,
 )
@@ -300,8 +301,8 @@ class FusedMovingAvgObsFakeQuantize(FakeQuantize):
         if not bool(torch.isfinite(cur_min).all() & torch.isfinite(cur_max).all()):
             kind = "NaN" if bool(torch.isnan(cur_min).any() | torch.isnan(cur_max).any()) \
                 else "Inf"
-            owner = self.__dict__.get("_torchquant_owner")
-            where = f" of module {owner!r}" if owner else ""
+            owner = owner_label(self)
+            where = f" of {owner}" if owner else ""
             raise ValueError(f"{type(self).__name__}{where}: input has {kind} values (NaN or Inf "
                              f"have no quantization range; min {cur_min.tolist()}, "
                              f"max {cur_max.tolist()})")

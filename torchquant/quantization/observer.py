@@ -152,8 +152,8 @@ class ObserverBase(abc.ABC, nn.Module):
 
     def _label(self) -> str:
         """This observer's class, and the module it observes once ``prepare`` has named it."""
-        owner = self.__dict__.get("_torchquant_owner")
-        return f"{type(self).__name__} of module {owner!r}" if owner else type(self).__name__
+        where = owner_label(self)
+        return f"{type(self).__name__} of {where}" if where else type(self).__name__
 
     def _warn_if_huge(self, lo: Any, hi: Any) -> None:
         """Warn once when calibration data reaches |x| >= 1e30: a range that wide leaves one
@@ -172,11 +172,22 @@ class ObserverBase(abc.ABC, nn.Module):
 _HUGE = 1e30
 
 
-def set_observer_owner(observer: nn.Module, name: str) -> None:
-    """Record ``name`` (the observed module) on ``observer`` and any observer inside it
-    (a fake-quant's), so that their messages say which module they belong to."""
+def set_observer_owner(observer: nn.Module, name: str, kind: str = "module") -> None:
+    """Record ``name`` (the observed module, or graph node for ``kind="node"``) on ``observer``
+    and any observer inside it (a fake-quant's), so that their messages say where they are.
+    The first name recorded stays (an observer shared by several nodes names the first)."""
     for m in observer.modules():
-        m.__dict__["_torchquant_owner"] = name
+        if "_torchquant_owner" not in m.__dict__ or kind == "module":
+            m.__dict__["_torchquant_owner"] = name
+            m.__dict__["_torchquant_owner_kind"] = kind
+
+
+def owner_label(observer: nn.Module) -> str:
+    """``"module 'fc1'"`` / ``"node 'conv2d'"`` for an observer named by prepare, else ``""``."""
+    owner = observer.__dict__.get("_torchquant_owner")
+    if not owner:
+        return ""
+    return f"{observer.__dict__.get('_torchquant_owner_kind', 'module')} {owner!r}"
 
 
 class UniformQuantizationObserverBase(ObserverBase):
@@ -632,13 +643,11 @@ class HistogramObserver(UniformQuantizationObserverBase):
             raise ValueError(f"{self._label()}: the input contains NaN, which has no place "
                              "in a histogram")
         if math.isinf(lo) or math.isinf(hi):
-            warnings.warn(f"{self._label()}: ignoring +-inf values in the input",
-                          stacklevel=2)
-            x = x[torch.isfinite(x)]
-            if x.numel() == 0:
-                return x_orig
-            x_min, x_max = torch.aminmax(x)
-        elif lo <= -_HUGE or hi >= _HUGE:
+            # [TQ] torch drops +-inf with a warning; the Inf then flows on and poisons later
+            # observers as NaN, far from where it entered: name it here instead
+            raise ValueError(f"{self._label()}: the input contains Inf (min {lo}, max {hi}), "
+                             "which has no quantization range")
+        if lo <= -_HUGE or hi >= _HUGE:
             self._warn_if_huge(lo, hi)
         if self.min_val.item() == float("inf") or self.max_val.item() == float("-inf"):
             self._start_histogram(x, x_min, x_max)

@@ -26,7 +26,7 @@ from ... import dtypes as _dt
 from ...nn.intrinsic.modules.fused import _FusedModule
 from ..backend_config import BackendConfig, BackendPatternConfig, DTypeConfig, ObservationType
 from ..fake_quantize import FakeQuantizeBase
-from ..observer import ObserverBase, ReuseInputObserver
+from ..observer import ObserverBase, ReuseInputObserver, set_observer_owner
 from ..qconfig import QConfigAny, QConfigMapping, qconfig_equals, _get_qconfig
 from ..utils import Pattern
 from .match_utils import find_matches, flatten_node_pattern, root_node_of
@@ -237,6 +237,7 @@ def _insert_observer_after(gm: GraphModule, modules: dict[str, torch.nn.Module],
     name = _new_observer_name(gm)
     setattr(gm, name, observer)
     modules[name] = observer
+    set_observer_owner(observer, node.name, kind="node")  # messages name the observed node
     with gm.graph.inserting_after(node):
         return gm.graph.create_node("call_module", name, (node,), {})
 
