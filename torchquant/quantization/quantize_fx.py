@@ -19,6 +19,7 @@ import torch
 from torch.fx import GraphModule
 
 from . import distributed as _distributed
+from .summary import record as _record_coverage
 from .backend_config import BackendConfig, get_native_backend_config
 from .backend_config.utils import get_module_to_qat_module
 from .fx.convert import (convert_to_reference, keep_quantized_outputs, lower_to_torchquant,
@@ -326,6 +327,7 @@ def convert_fx(graph_module: GraphModule,
                          False, "convert_fx")
     if not keep_original_weights:
         converted.__dict__.pop(ORIGINAL_WEIGHTS_LOOKUP, None)
+    _record_coverage(converted, "convert")  # the coverage line eager convert logs too
     return converted
 
 
@@ -338,5 +340,7 @@ def convert_to_reference_fx(graph_module: GraphModule,
                             ) -> GraphModule:
     """Convert to the reference model: quantize / dequantize nodes around float ops and
     ``nn.quantized.reference`` modules."""
-    return _convert(graph_module, convert_custom_config, qconfig_mapping, backend_config, True,
-                    "convert_to_reference_fx")
+    converted = _convert(graph_module, convert_custom_config, qconfig_mapping, backend_config,
+                         True, "convert_to_reference_fx")
+    _record_coverage(converted, "convert")
+    return converted
