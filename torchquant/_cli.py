@@ -175,7 +175,9 @@ def check_finite(batches: list[tuple], float_model: torch.nn.Module) -> None:
             logged = prepare_for_propagation_comparison(float_model)
             with torch.no_grad():
                 logged(*batch)
-            for _, (name, stack, values) in sorted(extract_results_from_loggers(logged).items()):
+            results = extract_results_from_loggers(logged)
+            for info in sorted(results, key=lambda info: info.handle or 0):
+                name, stack, values = results[info]
                 v = values[0]
                 if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(
                         torch.isfinite(v).all()):
