@@ -165,3 +165,97 @@ def test_bad_program_in_a_process_prints_one_line(files):
     assert len(lines) == 1 and "not a program saved with torch.export.save" in lines[0], \
         done.stderr
     assert not (files / "never.pt2").exists()
+
+
+# ---- bad options and paths: one line, non-zero exit, nothing written (issue 28) -------------
+
+def _one_error_line(rc, err, command):
+    assert rc != 0
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"torchquant {command}: error:"), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def _no_temporaries(folder):
+    return not [p for p in os.listdir(folder) if p.startswith(".torchquant-")]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--report", "/proc/torchquant-report.md"], "--report '/proc/torchquant-report.md' cannot be written"),
+    (["--report", "{folder}"], "is a directory"),
+    (["--report", "{folder}/missing/r.md"], "does not exist"),
+    (["--max-drop-db", "nan"], "--max-drop-db must be a finite number"),
+    (["--threshold-db", "inf"], "--threshold-db must be a finite number"),
+    (["--latency-runs", "0"], "--latency-runs must be at least 1"),
+    (["--max-float-layers", "-1"], "--max-float-layers must be at least 0"),
+])
+def test_quantize_bad_option_or_path_writes_nothing(files, capsys, extra, message):
+    out = files / "never-written.pt2"
+    extra = [e.format(folder=files) for e in extra]
+    rc, _, err = _run(["quantize", files / "float.pt2", "--calib", files / "calib.pt",
+                       "--out", out, *extra], capsys)
+    assert message in _one_error_line(rc, err, "quantize")
+    assert not out.exists() and _no_temporaries(files)
+
+
+def test_quantize_failing_write_leaves_no_output(files, capsys, monkeypatch):
+    """A write that fails after another output was written: neither is left behind."""
+    import torchquant._cli as cli
+
+    def failing_writer(text):
+        def write(tmp):
+            raise OSError(28, "No space left on device")
+        return write
+
+    monkeypatch.setattr(cli, "_text_writer", failing_writer)
+    out, report = files / "half.pt2", files / "half.md"
+    rc, _, err = _run(["quantize", files / "float.pt2", "--calib", files / "calib.pt",
+                       "--out", out, "--report", report, "--latency-runs", "1"], capsys)
+    assert rc != 0 and "Traceback" not in err
+    # (stderr also holds the calibration progress bar, drawn with carriage returns)
+    errors = [part for part in err.replace("\r", "\n").splitlines() if "error:" in part]
+    assert len(errors) == 1 and "cannot write --report" in errors[0], err
+    assert not out.exists() and not report.exists() and _no_temporaries(files)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--csv", "{folder}"], "--csv '{folder}' is a directory"),
+    (["--max-batches", "0"], "--max-batches must be at least 1, got 0"),
+    (["--max-batches", "-1"], "--max-batches must be at least 1, got -1"),
+    (["--threshold-db", "nan"], "--threshold-db must be a finite number"),
+])
+def test_report_bad_option_or_path(files, capsys, extra, message):
+    extra = [e.format(folder=files) for e in extra]
+    rc, stdout, err = _run(["report", files / "float.pt2", files / "float.pt2", "--data",
+                            files / "calib.pt", *extra], capsys)
+    assert message.format(folder=files) in _one_error_line(rc, err, "report")
+    assert not stdout and _no_temporaries(files) and _no_temporaries(files.parent)
+
+
+def test_overwriting_keeps_the_file_mode(files, capsys):
+    out = files / "private.pt2"
+    out.write_bytes(b"old")
+    out.chmod(0o600)
+    rc, _, err = _run(["quantize", files / "float.pt2", "--calib", files / "calib.pt",
+                       "--out", out, "--latency-runs", "1"], capsys)
+    assert rc == 0, err
+    assert (out.stat().st_mode & 0o777) == 0o600 and out.read_bytes() != b"old"
+
+
+def test_not_a_program_is_one_line_naming_the_file_and_what_was_expected(files):
+    """A file that is not a .pt2 archive: torch warns, then raises "check the warnings above";
+    the command prints neither, only its own line."""
+    torch.save(torch.randn(3), files / "tensor.pt2")
+    torch.save({"a": 1}, files / "state.pt")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for name in ("tensor.pt2", "state.pt"):
+        done = subprocess.run([sys.executable, "-m", "torchquant", "quantize",
+                               str(files / name), "--calib", str(files / "calib.pt"),
+                               "--out", str(files / "never.pt2")], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, done.stderr
+        assert name in lines[0] and "expected a .pt2 archive written by torch.export.save" \
+            in lines[0] and "warnings above" not in lines[0], lines[0]

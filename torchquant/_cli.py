@@ -10,10 +10,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import math
 import os
 import statistics
 import sys
+import tempfile
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Callable
 
@@ -21,7 +24,7 @@ import torch
 
 import torchquant
 
-from ._files import atomic_write
+from ._files import atomic_write, commit_staged, stage_file
 from .quantization.auto_fallback import quantize_pt2e_with_fallback
 from .quantization.pt2e import (extract_results_from_loggers, numeric_report,
                                 prepare_for_propagation_comparison)
@@ -55,18 +58,26 @@ def _check_file(path: str, what: str) -> None:
 def load_program(path: str) -> torch.export.ExportedProgram:
     """A program saved with ``torch.export.save``."""
     _check_file(path, "program")
-    export_log = logging.getLogger("torch.export")
-    was_disabled = export_log.disabled
-    export_log.disabled = True  # torch logs a traceback before raising; the error says enough
+    expected = "expected a .pt2 archive written by torch.export.save"
+    # torch logs warnings (and a traceback) before raising; the one line below says enough
+    previous_disable = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
     try:
-        ep = torch.export.load(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ep = torch.export.load(path)
     except Exception as e:  # noqa: BLE001 - any failure here means "not a saved program"
-        raise UserError(f"{path!r} is not a program saved with torch.export.save "
-                        f"({type(e).__name__}: {_first_line(e)})") from None
+        detail = _first_line(e)
+        if "warning" in detail.lower() or "must be a buffer or a file ending" in detail:
+            detail = ""  # points at the log lines silenced above
+        else:
+            detail = f"; {type(e).__name__}: {detail}"
+        raise UserError(f"{path!r} is not a program saved with torch.export.save ({expected}"
+                        f"{detail})") from None
     finally:
-        export_log.disabled = was_disabled
+        logging.disable(previous_disable)
     if not isinstance(ep, torch.export.ExportedProgram):
-        raise UserError(f"{path!r} is not a program saved with torch.export.save")
+        raise UserError(f"{path!r} is not a program saved with torch.export.save ({expected})")
     return ep
 
 
@@ -164,7 +175,9 @@ def check_finite(batches: list[tuple], float_model: torch.nn.Module) -> None:
             logged = prepare_for_propagation_comparison(float_model)
             with torch.no_grad():
                 logged(*batch)
-            for _, (name, stack, values) in sorted(extract_results_from_loggers(logged).items()):
+            results = extract_results_from_loggers(logged)
+            for info in sorted(results, key=lambda info: info.handle or 0):
+                name, stack, values = results[info]
                 v = values[0]
                 if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(
                         torch.isfinite(v).all()):
@@ -250,18 +263,67 @@ def strip_unused_state(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return model
 
 
-def _atomic(path: str, write: Callable[[str], None], suffix: str = "") -> None:
+def check_output(path: str | None, what: str) -> None:
+    """Before any work: ``path`` can be written (not a folder, in an existing folder where a
+    file can be created: probed with a temporary file, removed at once)."""
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise UserError(f"{what} {path!r} is a directory, not a file")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise UserError(f"output folder {folder!r} does not exist")
-    atomic_write(path, write, suffix)
+        raise UserError(f"{what} {path!r}: folder {folder!r} does not exist")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".torchquant-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"{what} {path!r} cannot be written: {e.strerror or e}") from None
 
 
-def _write_text(path: str, text: str) -> None:
+def check_options(args: argparse.Namespace) -> None:
+    """Numeric options: finite, and counts of the right sign (one line each, before any work)."""
+    for flag in ("max_drop_db", "threshold_db"):
+        value = getattr(args, flag, None)
+        if value is not None and not math.isfinite(value):
+            raise UserError(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
+    for flag, least in (("max_batches", 1), ("latency_runs", 1), ("max_float_layers", 0)):
+        value = getattr(args, flag, None)
+        if value is not None and value < least:
+            raise UserError(f"--{flag.replace('_', '-')} must be at least {least}, got {value}")
+
+
+class _Outputs:
+    """Outputs written to temporary files beside their targets and renamed into place only
+    when every one was written, so a failed run leaves no output (nor temporary file) behind."""
+
+    def __init__(self) -> None:
+        self.staged: list[tuple[str, str]] = []
+
+    def add(self, path: str, write: Callable[[str], None], suffix: str, what: str) -> None:
+        try:
+            self.staged.append((stage_file(path, write, suffix), path))
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a write that fails is a user-facing error
+            raise UserError(f"cannot write {what} {path!r}: {_first_line(e)}") from None
+
+    def commit(self) -> None:
+        commit_staged(self.staged)
+        self.staged = []
+
+    def discard(self) -> None:
+        for tmp, _ in self.staged:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        self.staged = []
+
+
+def _text_writer(text: str) -> Callable[[str], None]:
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
-    _atomic(path, write, ".md")
+    return write
 
 
 def _mb(n: float) -> str:
@@ -271,9 +333,9 @@ def _mb(n: float) -> str:
 # ---- commands -------------------------------------------------------------------------------
 
 def run_quantize(args: argparse.Namespace) -> int:
-    for out in (args.out, args.report, args.plot):
-        if out is not None and os.path.isdir(out):
-            raise UserError(f"output {out!r} is a directory")
+    check_options(args)
+    for out, what in ((args.out, "--out"), (args.report, "--report"), (args.plot, "--plot")):
+        check_output(out, what)
     if args.plot is not None:
         if importlib.util.find_spec("matplotlib") is None:
             raise UserError("--plot needs matplotlib: pip install 'torchquant[plot]'")
@@ -303,14 +365,17 @@ def run_quantize(args: argparse.Namespace) -> int:
             f"Fallback cost: weights {_mb(result.size_bytes_all_quantized)} -> "
             f"{_mb(result.size_bytes)}, latency {all_ms:.2f} ms -> {quant_ms:.2f} ms")
 
-    # everything computed: now write, each file through a temporary file
-    def save(tmp: str) -> None:
-        torch.export.save(quantized_ep, tmp)
-    _atomic(args.out, save, ".pt2")
-    if args.report is not None:
-        _write_text(args.report, report.to_markdown())
-    if args.plot is not None:
-        report.plot(args.plot)
+    # everything computed: now write, each file through a temporary file, all or none
+    outputs = _Outputs()
+    try:
+        outputs.add(args.out, lambda tmp: torch.export.save(quantized_ep, tmp), ".pt2", "--out")
+        if args.report is not None:
+            outputs.add(args.report, _text_writer(report.to_markdown()), ".md", "--report")
+        if args.plot is not None:
+            outputs.add(args.plot, report.plot, ".png", "--plot")
+        outputs.commit()
+    finally:
+        outputs.discard()
 
     size_in, size_out = os.path.getsize(args.model), os.path.getsize(args.out)
     print(f"size: {_mb(size_in)} -> {_mb(size_out)} ({size_out / max(size_in, 1):.2f}x of the "
@@ -324,6 +389,11 @@ def run_quantize(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
+    check_options(args)
+    check_output(args.csv, "--csv")
+    check_output(args.plot, "--plot")
+    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise UserError("--plot needs matplotlib: pip install 'torchquant[plot]'")
     float_ep = load_program(args.float_model)
     quant_ep = load_program(args.quantized_model)
     batches = load_batches(args.data, float_ep)
@@ -340,11 +410,16 @@ def run_report(args: argparse.Namespace) -> int:
                                 threshold_db=args.threshold_db)
     except RuntimeError as e:
         raise UserError(f"the programs do not run on this data: {_first_line(e)}") from None
+    outputs = _Outputs()
+    try:
+        if args.csv is not None:
+            outputs.add(args.csv, _text_writer(report.to_csv()), ".csv", "--csv")
+        if args.plot is not None:
+            outputs.add(args.plot, report.plot, ".png", "--plot")
+        outputs.commit()
+    finally:
+        outputs.discard()
     print(report.to_markdown(), end="")
-    if args.csv is not None:
-        _atomic(args.csv, lambda tmp: open(tmp, "w").write(report.to_csv()), ".csv")
-    if args.plot is not None:
-        report.plot(args.plot)
     return 0
 
 

@@ -588,8 +588,12 @@ def _to_function(input, *args, **kwargs):
     device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
     same_device = device is None or (device.type == input.device.type and (
         device.index is None or device.index == input.device.index))
+    # torch's aliasing rule: the same layout only when the integers' own ``.to`` keeps them
+    # (a tensor that is contiguous in both formats, c == 1 or h == w == 1, is still laid out
+    # anew in the format asked for)
     same_layout = memory_format in (None, torch.preserve_format) or (
-        not input.qdtype.is_sub_byte and input.is_contiguous(memory_format=memory_format))
+        not input.qdtype.is_sub_byte
+        and input.int_data.to(memory_format=memory_format) is input.int_data)
     if not copy and same_device and (dtype is None or dtype == input.dtype) and same_layout:
         return input
     return _to_copy(aten._to_copy.default, input, dtype=dtype, device=device,
@@ -658,25 +662,31 @@ def _slice(func, q, dim=0, start=None, end=None, step=1):
     return q._with(vals)
 
 
+def _refuse_strided_per_channel(q: "QTensor") -> None:
+    """torch's rule (and message): a per-channel quantized tensor takes no new strides, so it
+    cannot be transposed or permuted (``contiguous(memory_format=...)`` still works)."""
+    if q.axis is not None:
+        raise RuntimeError("Setting strides is possible only on uniformly quantized tensor")
+
+
 @_implements(aten.transpose.int)
 def _transpose(func, q, dim0, dim1):
+    _refuse_strided_per_channel(q)
     d0, d1 = dim0 % max(q.dim(), 1), dim1 % max(q.dim(), 1)
-    axis = q.axis
-    if axis is not None:
-        axis = d1 if axis == d0 else d0 if axis == d1 else axis
-    return q._with(q._values().transpose(d0, d1), axis=axis)
+    return q._with(q._values().transpose(d0, d1))
 
 
 @_implements(aten.t.default)
 def _t(func, q):
-    return _transpose(func, q, 0, 1) if q.dim() == 2 else q._with(q._values(), axis=q.axis)
+    _refuse_strided_per_channel(q)
+    return _transpose(func, q, 0, 1) if q.dim() == 2 else q._with(q._values())
 
 
 @_implements(aten.permute.default)
 def _permute(func, q, dims):
+    _refuse_strided_per_channel(q)
     dims = [d % q.dim() for d in dims]
-    axis = None if q.axis is None else dims.index(q.axis)
-    return q._with(q._values().permute(dims), axis=axis)
+    return q._with(q._values().permute(dims))
 
 
 @_implements(aten.unsqueeze.default)
@@ -694,8 +704,8 @@ def _squeeze(func, q, dim=None):
         dims = [d % max(q.dim(), 1) for d in ([dim] if isinstance(dim, int) else dim)]
         dims = [d for d in dims if q.dim() and q.shape[d] == 1]
     if q.axis is not None and q.axis in dims:
-        raise RuntimeError(f"cannot squeeze the channel dimension {q.axis} of a per-channel "
-                           "QTensor (as torch): select its one channel instead")
+        raise RuntimeError("Squeeze is only possible on non-axis dimension for Per-Channel "
+                           "Quantized Tensors.")  # torch's message
     vals = q._values()
     for d in sorted(dims, reverse=True):
         vals = vals.squeeze(d)
@@ -784,11 +794,10 @@ def _copy_(func, dst, src, non_blocking=False):
         return dst
     if not src.dtype.is_floating_point:
         raise TypeError(f"QTensor.copy_ needs a float or quantized source, got {src.dtype}")
-    if dst.axis is not None and not (dst.is_contiguous()
-                                     or dst.is_contiguous(memory_format=torch.channels_last)):
-        # torch refuses to quantize into a strided per-channel view (a slice across channels)
+    if not (dst.is_contiguous() or dst.is_contiguous(memory_format=torch.channels_last)):
+        # torch refuses to quantize into a strided view (per tensor or per channel)
         raise RuntimeError("Quantized copy only works with contiguous and NHWC Tensors: cannot "
-                           "write float values into a non-contiguous per-channel QTensor view")
+                           "write float values into a non-contiguous QTensor view")
     vals = ops_quantize.quantize_int(src.expand(dst.shape), dst.scale, dst.zero_point,
                                      dst.qdtype.qmin, dst.qdtype.qmax, dst.qdtype.storage_dtype,
                                      dst.axis,

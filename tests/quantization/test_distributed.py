@@ -119,14 +119,71 @@ def _sync_worker(rank: int, world: int, out: str) -> None:
     for batch in batches[rank::world]:
         for module in stepped.values():
             module(batch)
+    # Per-step sync where rank 1's batch is empty at some steps (an uneven last batch).
+    stepped_empty = nn.ModuleDict(_per_step_observers(with_per_channel=True))
+    tq.observe_across_ranks(stepped_empty)
+    for batch in _empty_shard_steps(batches, rank):
+        for module in stepped_empty.values():
+            module(batch)
+    models = {}
+    for kind in ("qat", "ptq"):
+        model = _empty_shard_model(kind)
+        for x in _empty_shard_model_inputs(rank):
+            model(x)
+        models[kind] = {k: v.clone() for k, v in model.state_dict().items()}
+
+    # a NaN held by one rank's observer is named, on every rank, instead of being dropped
+    poisoned = nn.ModuleDict({"clean": obs.MinMaxObserver(), "poisoned": obs.MinMaxObserver()})
+    for module in poisoned.values():
+        module(batches[rank])
+    if rank == 1:
+        poisoned["poisoned"].min_val.fill_(math.nan)
+    try:
+        tq.sync_observers(poisoned)
+        nan_message = "no error"
+    except ValueError as exc:
+        nan_message = str(exc)
     torch.save({"before": before, "after": after, "fake_quant_buffers": fake_quant_buffers,
                 "average_before": average_before, "average_after": average_after,
-                "stepped": {k: v.clone() for k, v in stepped.state_dict().items()}},
+                "stepped": {k: v.clone() for k, v in stepped.state_dict().items()},
+                "stepped_empty": {k: v.clone() for k, v in stepped_empty.state_dict().items()},
+                "empty_shard_models": models, "nan_message": nan_message},
                os.path.join(out, f"rank{rank}.pt"))
 
 
-def _per_step_observers() -> dict[str, nn.Module]:
-    return {
+def _empty_shard_steps(batches: list[torch.Tensor], rank: int | None) -> list[torch.Tensor]:
+    """Three steps; rank 1's batch is empty at the first and last (rank None: one process
+    that sees each step's batches concatenated)."""
+    empty = torch.empty(0, 3, 4, 4)
+    per_rank = [[batches[0], batches[2], batches[4]], [empty, batches[3], empty]]
+    if rank is not None:
+        return per_rank[rank]
+    return [torch.cat([per_rank[0][i], per_rank[1][i]]) for i in range(3)]
+
+
+def _empty_shard_model(kind: str) -> nn.Module:
+    """The issue's setup: QAT with the default x86 qconfig, or PTQ with MinMax observers,
+    both with per-step sync."""
+    torch.manual_seed(0)
+    model = nn.Sequential(tq.QuantStub(), nn.Linear(8, 4), nn.ReLU(), tq.DeQuantStub())
+    if kind == "qat":
+        model.train().qconfig = tq.get_default_qat_qconfig("x86")
+        return tq.prepare_qat(model, sync_across_ranks=True)
+    model.eval().qconfig = tq.default_qconfig
+    return tq.prepare(model, sync_across_ranks=True)
+
+
+def _empty_shard_model_inputs(rank: int | None) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    per_rank = [[torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)],
+                [torch.randn(0, 8), torch.randn(4, 8, generator=g) * 3]]
+    if rank is not None:
+        return per_rank[rank]
+    return [torch.cat([per_rank[0][i], per_rank[1][i]]) for i in range(2)]
+
+
+def _per_step_observers(with_per_channel: bool = False) -> dict[str, nn.Module]:
+    observers = {
         "minmax": obs.MinMaxObserver(),
         "moving_average": obs.MovingAverageMinMaxObserver(averaging_constant=0.1),
         "per_channel_moving_average": obs.MovingAveragePerChannelMinMaxObserver(
@@ -136,6 +193,10 @@ def _per_step_observers() -> dict[str, nn.Module]:
         "fake_quant": fq.default_fake_quant(),
         "fused_fake_quant": fq.default_fused_act_fake_quant(),
     }
+    if with_per_channel:
+        observers["per_channel"] = obs.PerChannelMinMaxObserver(ch_axis=1)
+        observers["fused_per_channel"] = fq.default_fused_per_channel_wt_fake_quant(ch_axis=1)
+    return observers
 
 
 @pytest.fixture(scope="module")
@@ -246,6 +307,43 @@ def test_per_step_sync_equals_one_process_on_concatenated_batches(synced):
         assert expected.keys() == rank["stepped"].keys()
         for key, value in expected.items():
             assert torch.equal(rank["stepped"][key], value), key
+
+
+def test_per_step_sync_with_an_empty_shard_equals_one_process(synced):
+    """Rank 1's batch is empty at some steps: it still joins every reduction (no collective
+    mismatch, no uncalibrated rank) and all ranks equal one process on the non-empty data."""
+    ranks, _ = synced
+    reference = nn.ModuleDict(_per_step_observers(with_per_channel=True))
+    for batch in _empty_shard_steps(_batches(), None):
+        for module in reference.values():
+            module(batch)
+    expected = reference.state_dict()
+    for rank in ranks:
+        assert expected.keys() == rank["stepped_empty"].keys()
+        for key, value in expected.items():
+            assert torch.equal(rank["stepped_empty"][key], value), key
+
+
+@pytest.mark.parametrize("kind", ["qat", "ptq"])
+def test_prepare_with_sync_and_an_empty_shard_equals_one_process(synced, kind):
+    ranks, _ = synced
+    reference = _empty_shard_model(kind)
+    for x in _empty_shard_model_inputs(None):
+        reference(x)
+    expected = reference.state_dict()
+    for rank in ranks:
+        got = rank["empty_shard_models"][kind]
+        assert expected.keys() == got.keys()
+        for key, value in expected.items():
+            assert torch.equal(got[key], value), (kind, key)
+
+
+def test_sync_observers_names_the_rank_and_module_holding_nan(synced):
+    ranks, _ = synced
+    for rank in ranks:
+        assert "rank 1" in rank["nan_message"] and "'poisoned'" in rank["nan_message"], \
+            rank["nan_message"]
+        assert "NaN" in rank["nan_message"]
 
 
 def test_without_process_group_the_tools_do_nothing():

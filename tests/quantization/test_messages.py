@@ -45,14 +45,48 @@ def test_non_finite_calibration_data_says_which_and_where(observer, value, kind)
         assert "NaN" not in text
 
 
-def test_histogram_observer_inf_warning_names_module():
-    model = _prepared()  # x86 default: HistogramObserver activations
+@pytest.mark.parametrize("value", [float("inf"), float("-inf")])
+def test_histogram_observer_names_inf_where_it_enters(value):
+    """x86 default (HistogramObserver activations): the Inf is named as Inf at the module that
+    saw it.  torch drops it with a warning, after which it reaches fc1 and surfaces in fc2's
+    observer as NaN, naming the wrong module and the wrong value."""
+    model = _prepared()
     x = torch.randn(2, 4)
-    x[1, 2] = float("inf")
-    # The Inf dropped by the stub's histogram still reaches fc1 and turns into NaN in fc2.
-    with pytest.warns(UserWarning, match=r"HistogramObserver of module 'quant': ignoring \+-inf"), \
-            pytest.raises(ValueError, match="HistogramObserver of module 'fc2'.*NaN"):
+    x[1, 2] = value
+    with pytest.raises(ValueError) as info:
         model(x)
+    text = str(info.value)
+    assert "HistogramObserver of module 'quant'" in text and "contains Inf" in text
+    assert "NaN" not in text and "fc2" not in text
+
+
+def _inf_batch():
+    x = torch.randn(2, 4)
+    x[0, 3] = float("inf")
+    return x
+
+
+def test_pt2e_names_inf_at_the_node_that_saw_it():
+    from torchquant.quantization.quantize_pt2e import prepare_pt2e
+    from torchquant.quantization.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)).eval()
+    exported = torch.export.export(model, (torch.randn(2, 4),)).module()
+    prepared = prepare_pt2e(exported, X86InductorQuantizer().set_global(
+        get_default_x86_inductor_quantization_config()))
+    with pytest.raises(ValueError, match=r"HistogramObserver of node '\w+': the input contains "
+                                         r"Inf") as info:
+        prepared(_inf_batch())
+    assert "NaN" not in str(info.value)
+
+
+def test_fx_names_inf_at_the_node_that_saw_it():
+    from torchquant.quantization.quantize_fx import prepare_fx
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)).eval()
+    prepared = prepare_fx(model, tqq.get_default_qconfig_mapping("x86"), (torch.randn(2, 4),))
+    with pytest.raises(ValueError, match=r"HistogramObserver of node '\w+': the input contains "
+                                         r"Inf"):
+        prepared(_inf_batch())
 
 
 @pytest.mark.parametrize("observer", [tqq.MinMaxObserver, tqq.HistogramObserver])

@@ -350,18 +350,17 @@ def test_histogram_single_point_then_wider_range():
     _assert_same_qparams(ours, theirs, "single point")
 
 
-def test_histogram_drops_inf_with_warning_like_torch():
-    x = torch.tensor([1.0, float("inf"), -2.0, float("-inf"), 0.5])
+def test_histogram_refuses_inf_and_keeps_its_state():
+    """[TQ] torch drops +-inf with a warning and the Inf flows on, surfacing later as NaN in
+    another observer; ours raises, naming Inf, and leaves its statistics as they were."""
     ours, theirs = O.HistogramObserver(), T.HistogramObserver()
-    with pytest.warns(UserWarning, match="inf"):
-        ours(x)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs(x)
-    _assert_same_buffers(ours, theirs, "inf")
-    with pytest.warns(UserWarning, match="inf"):
-        ours(torch.tensor([float("inf")]))  # nothing finite left: ignored
-    _assert_same_buffers(ours, theirs, "all inf")
+    finite = torch.tensor([1.0, -2.0, 0.5])
+    ours(finite), theirs(finite)
+    for x in (torch.tensor([1.0, float("inf"), -2.0, float("-inf"), 0.5]),
+              torch.tensor([float("inf")])):
+        with pytest.raises(ValueError, match="contains Inf"):
+            ours(x)
+        _assert_same_buffers(ours, theirs, "inf refused")
 
 
 def test_histogram_nan_raises():

@@ -364,3 +364,23 @@ def test_mapping_getters():
     assert {k.__name__ for k in static} == ao_names
     ao_qat = {k.__name__ for k in ao_q.get_default_qat_module_mappings()}
     assert {k.__name__ for k in tqq.get_default_qat_module_mappings()} == ao_qat
+
+
+def test_prepare_and_convert_under_inference_mode(x86_engine):
+    """torch.ao converts under torch.inference_mode; so must we (inference tensors keep no
+    version counter), with the results of the same flow outside it, and the converted model
+    must export and run."""
+    calib = [torch.randn(4, 3, 12, 12, generator=torch.Generator().manual_seed(i))
+             for i in range(2)]
+    x = calib[0]
+    _, outside = pair(ResidualCNN)
+    outside = static_flow("tq", outside, ResidualCNN.fuse, calib)
+    with torch.inference_mode():
+        ao_model, tq_model = pair(ResidualCNN)
+        theirs = static_flow("ao", ao_model, ResidualCNN.fuse, calib)
+        ours = static_flow("tq", tq_model, ResidualCNN.fuse, calib)
+        result = ours(x)
+        assert sqnr(theirs(x), result) >= 30
+    with torch.no_grad():
+        assert torch.equal(result, outside(x))
+        assert torch.equal(torch.export.export(ours, (x,)).module()(x), result)

@@ -22,9 +22,10 @@ def _converted(ns):
     return ns.convert(prepared)
 
 
-@pytest.mark.parametrize("dtype,name", [(torch.float16, "Half"), (torch.bfloat16, "BFloat16")])
-def test_reduced_precision_input_to_converted_stub_raises_like_torch(dtype, name):
-    x = torch.randn(2, 4).to(dtype)
+@pytest.mark.parametrize("dtype,name", [(torch.float16, "Half"), (torch.bfloat16, "BFloat16"),
+                                        (torch.float64, "Double"), (torch.int64, "Long")])
+def test_non_float32_input_to_converted_stub_raises_like_torch(dtype, name):
+    x = (torch.randn(2, 4) * 3).to(dtype)
     with pytest.raises(RuntimeError, match=f"Quantize only works on Float Tensor, got {name}"):
         _converted(ao_q)(x)
     with pytest.raises(RuntimeError, match=f"Quantize only works on Float Tensor, got {name}$"):

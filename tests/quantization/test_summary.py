@@ -85,3 +85,14 @@ def test_line_visible_without_logging_configured():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=env, timeout=300, check=True)
     assert "quantized 1 of 2 modules; 1 left in float: 1 (no qconfig)" in result.stderr
+
+
+def test_convert_fx_logs_the_coverage_line_as_eager_convert(caplog):
+    from torchquant.quantization.quantize_fx import convert_fx, prepare_fx
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)).eval()
+    x = torch.randn(4, 8)
+    prepared = prepare_fx(model, tqq.get_default_qconfig_mapping("x86"), (x,))
+    prepared(x)
+    with caplog.at_level(logging.INFO, logger="torchquant"):
+        convert_fx(prepared)
+    assert "quantized 2 of 2 modules" in caplog.text

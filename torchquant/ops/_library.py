@@ -40,7 +40,9 @@ class PackCache:
     An exported or compiled graph passes a module's integer weight, its qparams and bias to an
     op on every call; the packed form (oneDNN blocking, weight sums) is built once per
     (weight, qparams, bias) and kept while the weight tensor lives.  An in-place change of any
-    of them (``_version``) rebuilds it.
+    of them (``_version``) rebuilds it.  Inference tensors (made under
+    ``torch.inference_mode``) keep no version: for them the identity alone is the key, so an
+    in-place change of such a weight inside inference mode is not seen.
     """
 
     def __init__(self, build: Callable[..., Any]) -> None:
@@ -49,8 +51,9 @@ class PackCache:
 
     @staticmethod
     def _stamp(tensors: tuple) -> tuple:
-        return tuple(None if t is None else (id(t), t._version) if isinstance(t, torch.Tensor)
-                     else t for t in tensors)
+        return tuple(None if t is None else
+                     (id(t), None if t.is_inference() else t._version)
+                     if isinstance(t, torch.Tensor) else t for t in tensors)
 
     def get(self, weight: torch.Tensor, *rest: Any) -> Any:
         stamp = self._stamp((weight, *rest))

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 from typing import Union
 
+from . import _torchao_paths
+
+_torchao_paths.install()  # torchao's module paths (pt2e.quantize_pt2e ...) under this prefix
+
 from .fake_quantize import (
     FakeQuantize,
     FakeQuantizeBase,

@@ -60,7 +60,8 @@ def node_coverage(model: GraphModule, prepared: Optional[bool] = None
     observers, before convert) or "float", with the reason.  An op that only passes along
     dequantized values without an annotation (a transpose after a quantized linear) is float:
     it computes in float.  ``prepared`` (default: the graph has observers) picks the reason
-    given to annotated ops without any."""
+    given to annotated ops without any.  An op fused into the quantized op before it (the
+    ReLU of conv + ReLU) is "fused"."""
     modules = dict(model.named_modules(remove_duplicate=False))
     if prepared is None:
         prepared = any(is_observer_node(n, modules) for n in model.graph.nodes)
@@ -81,7 +82,37 @@ def node_coverage(model: GraphModule, prepared: Optional[bool] = None
         else:
             reason = ANNOTATED_NO_OBSERVER if prepared else ANNOTATED_NO_QDQ
         rows.append((node.name, _op_name(node.target), state, reason))
-    return rows
+    return _mark_fused(model, rows)
+
+
+def _mark_fused(model: GraphModule, rows: list[tuple[str, str, str, Optional[str]]]
+                ) -> list[tuple[str, str, str, Optional[str]]]:
+    """An op annotated without a spec right after a quantized / observed op (the ReLU of a
+    conv + ReLU pattern) is part of that pattern: state "fused", naming the op it is fused
+    into, not "float"."""
+    state_of = {name: state for name, _, state, _ in rows}
+    nodes = {n.name: n for n in model.graph.nodes}
+    marked = []
+    for name, op, state, reason in rows:
+        if reason == ANNOTATED_FLOAT:
+            producer = _producer(nodes[name])
+            if producer is not None and state_of.get(producer.name) in ("quantized", "observed") \
+                    and len(producer.users) == 1:
+                state, reason = "fused", f"fused into {producer.name}"
+        marked.append((name, op, state, reason))
+    return marked
+
+
+def _producer(node: Node) -> Optional[Node]:
+    """The op computing ``node``'s first input, looking through observers / q / dq nodes."""
+    args = [a for a in node.args if isinstance(a, Node)]
+    current = args[0] if args else None
+    while current is not None and (current.op == "call_module" or (
+            current.op == "call_function" and (current.target in QUANTIZE_OPS
+                                               or current.target in DEQUANTIZE_OPS))):
+        inputs = [a for a in current.args if isinstance(a, Node)]
+        current = inputs[0] if inputs else None
+    return current
 
 
 def _op_name(target: Any) -> str:

@@ -14,8 +14,9 @@ on the process groups users already run:
   each observed batch is reduced across the group before it is folded into the running
   statistics, so after every forward all ranks hold exactly the state of one process that saw
   the concatenation of the ranks' batches.  This keeps fake-quant qparams identical on all
-  ranks at every QAT step.  Every rank must run the same number of forwards with non-empty
-  inputs (as DDP already requires); for uneven shards calibrate unsynced and call
+  ranks at every QAT step.  Every rank must run the same number of forwards (as DDP already
+  requires); a rank whose batch is empty still joins each step's reduction and takes the
+  others' statistics.  For shards of different numbers of batches calibrate unsynced and call
   :func:`sync_observers` once.
 
 How statistics combine (``sync_observers``):
@@ -38,7 +39,8 @@ How statistics combine (``sync_observers``):
   ``scale`` / ``zero_point`` are recomputed from it as their forward would.
 
 Ranks whose observers saw nothing (an empty shard) contribute nothing; they end up with the
-others' statistics.  When ``torch.distributed`` is not initialised both tools do nothing, so
+others' statistics.  An observer holding NaN statistics on any rank makes ``sync_observers``
+raise ``ValueError`` on every rank, naming that rank and module.  When ``torch.distributed`` is not initialised both tools do nothing, so
 the same script runs single-process.  A failed collective (a rank died, timed out or did not
 call) raises ``RuntimeError`` naming this rank; set ``timeout=`` in ``init_process_group`` so a
 dead peer ends the others instead of hanging them.
@@ -110,7 +112,9 @@ def _layout(name: str, mod: nn.Module) -> tuple:
     shape = tuple(mod.min_val.shape) if _is_set(mod) else None
     extra = (mod.bins,) if isinstance(mod, HistogramObserver) else ()
     affine_info = (getattr(mod, "block_size", None), getattr(mod, "original_dtype", None))
-    return (name, type(mod).__qualname__, shape, extra, affine_info)
+    held = [mod.min_val, mod.max_val] + ([mod.histogram] if isinstance(mod, HistogramObserver) else [])
+    has_nan = any(bool(torch.isnan(t).any()) for t in held if t.is_floating_point())
+    return (name, type(mod).__qualname__, shape, extra, affine_info, has_nan)
 
 
 def _agreed_layouts(holders: list[tuple[str, nn.Module]], group: Optional[ProcessGroup]) -> list:
@@ -120,8 +124,16 @@ def _agreed_layouts(holders: list[tuple[str, nn.Module]], group: Optional[Proces
     world = dist.get_world_size(group)
     gathered: list = [None] * world
     _collective("sync_observers", group, dist.all_gather_object, gathered, local)
+    for rank, layouts in enumerate(gathered):  # every rank sees the same: all raise alike
+        poisoned = [layout[0] for layout in layouts if layout[5]]
+        if poisoned:
+            raise ValueError(f"sync_observers: rank {rank}'s observer {poisoned[0]!r} holds NaN "
+                             "statistics (min_val / max_val / histogram), which would poison "
+                             "every rank's qparams; recalibrate it or reset that observer"
+                             + (f" (also: {', '.join(map(repr, poisoned[1:]))})"
+                                if len(poisoned) > 1 else ""))
     agreed = []
-    for i, (name, kind, _, extra, _) in enumerate(local):
+    for i, (name, kind, _, extra, _, _) in enumerate(local):
         entries = []
         for rank, layouts in enumerate(gathered):
             if len(layouts) != len(local) or layouts[i][0] != name or layouts[i][1] != kind \
@@ -286,6 +298,17 @@ class _RankSync:
         return (packed[:n].view(lo.shape).to(lo.device, lo.dtype),
                 packed[n:].neg().view(hi.shape).to(hi.device, hi.dtype))
 
+    def min_max_without_data(self, shape: tuple, dtype: torch.dtype, device: torch.device
+                             ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's part of a step in which its own batch was empty: it still joins the
+        reduction (the other ranks are waiting in it) with the identity (+inf, -inf).  Returns
+        the group's min / max, or None when no rank had data this step."""
+        lo, hi = self.min_max(torch.full(shape, math.inf, dtype=dtype, device=device),
+                              torch.full(shape, -math.inf, dtype=dtype, device=device))
+        if bool((lo == math.inf).all()) and bool((hi == -math.inf).all()):
+            return None
+        return lo, hi
+
     def histogram_forward(self, obs: HistogramObserver, x_orig: torch.Tensor) -> torch.Tensor:
         """``obs.forward`` on the concatenation of every rank's batch: the global range first,
         then each rank's counts over the new range, summed (integer counts: exact)."""
@@ -293,12 +316,12 @@ class _RankSync:
         if x.numel():
             x_min, x_max = torch.aminmax(x)
             if math.isnan(x_min.item()) or math.isnan(x_max.item()):
-                raise ValueError(f"{type(obs).__name__}: the input contains NaN, which has no "
+                raise ValueError(f"{obs._label()}: the input contains NaN, which has no "
                                  "place in a histogram")
             if math.isinf(x_min.item()) or math.isinf(x_max.item()):
-                warnings.warn(f"{type(obs).__name__}: ignoring +-inf values in the input",
-                              stacklevel=3)
-                x = x[torch.isfinite(x)]
+                raise ValueError(f"{obs._label()}: the input contains Inf (min "
+                                 f"{x_min.item()}, max {x_max.item()}), which has no "
+                                 "quantization range")
         if x.numel():
             x_min, x_max = torch.aminmax(x)
         else:
@@ -344,7 +367,7 @@ def observe_across_ranks(model: nn.Module, group: Optional[ProcessGroup] = None,
     Covers the min/max, per-channel, moving-average and histogram observers, also inside
     ``FakeQuantize`` and ``FusedMovingAvgObsFakeQuantize``; other observers (torchao-style
     ``AffineQuantizedMinMaxObserver``) warn and are left to :func:`sync_observers`.  Every rank
-    must run the same forwards with non-empty inputs.  ``enabled=False`` removes the sync.
+    must run the same number of forwards; empty batches are allowed.  ``enabled=False`` removes the sync.
     Does nothing when ``torch.distributed`` is not initialised.  Returns ``model``.
     """
     if enabled and not (dist.is_available() and dist.is_initialized()):

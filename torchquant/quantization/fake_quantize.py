@@ -29,6 +29,7 @@ from .observer import (
     _with_args,
     is_per_channel,
     is_per_tensor,
+    owner_label,
     default_fixed_qparams_range_0to1_observer,
     default_fixed_qparams_range_neg1to1_observer,
 )
@@ -300,8 +301,8 @@ class FusedMovingAvgObsFakeQuantize(FakeQuantize):
         if not bool(torch.isfinite(cur_min).all() & torch.isfinite(cur_max).all()):
             kind = "NaN" if bool(torch.isnan(cur_min).any() | torch.isnan(cur_max).any()) \
                 else "Inf"
-            owner = self.__dict__.get("_torchquant_owner")
-            where = f" of module {owner!r}" if owner else ""
+            owner = owner_label(self)
+            where = f" of {owner}" if owner else ""
             raise ValueError(f"{type(self).__name__}{where}: input has {kind} values (NaN or Inf "
                              f"have no quantization range; min {cur_min.tolist()}, "
                              f"max {cur_max.tolist()})")
@@ -313,28 +314,48 @@ class FusedMovingAvgObsFakeQuantize(FakeQuantize):
     def _update_running_min_max(self, x: torch.Tensor) -> None:
         """First observation (running value still ±inf) sets it, later ones move it by
         ``averaging_constant`` towards the batch value."""
+        self._fold_running_min_max(*self._current_min_max(x))
+
+    def _fold_running_min_max(self, cur_min: torch.Tensor, cur_max: torch.Tensor) -> None:
         obs = self.activation_post_process
-        cur_min, cur_max = self._current_min_max(x)
         c = obs.averaging_constant
         for running, current in ((obs.min_val, cur_min), (obs.max_val, cur_max)):
             running.copy_(torch.where(torch.isinf(running), current,
                                       running + c * (current - running)))
 
-    def forward(self, X: torch.Tensor) -> torch.Tensor:
-        if X.numel() == 0:
-            return X.clone()
+    def _join_ranks_without_data(self, X: torch.Tensor) -> None:
+        """An empty batch under ``observe_across_ranks``: join the step's reduction with no data
+        and fold in what the other ranks saw, as one process seeing their batches would."""
+        obs = self.activation_post_process
+        rank_sync = obs.__dict__.get("_rank_sync")
+        if rank_sync is None or not self._enabled("observer_enabled"):
+            return
+        if self.is_per_channel:
+            ndim = X.dim()
+            channels = X.size(self.ch_axis) if ndim and -ndim <= self.ch_axis < ndim else 0
+            shape: tuple = (channels or obs.min_val.numel(),)
+        else:
+            shape = ()
+        reduced = rank_sync.min_max_without_data(shape, obs.min_val.dtype, obs.min_val.device)
+        if reduced is None:
+            return
+        self._prepare_per_channel_buffers(shape[0] if shape else 0)
+        self._fold_running_min_max(*reduced)
+        if self._enabled("fake_quant_enabled"):
+            self._refresh_qparams()
+
+    def _prepare_per_channel_buffers(self, channels: int) -> None:
         obs = self.activation_post_process
         if self.is_per_channel and obs.min_val.numel() == 0:
-            channels = X.size(self.ch_axis)
             obs.min_val.resize_(channels).fill_(float("inf"))
             obs.max_val.resize_(channels).fill_(float("-inf"))
             # [TQ] torch leaves these uninitialised until fake-quant first runs.
             self.scale.resize_(channels).fill_(1.0)
             self.zero_point.resize_(channels).fill_(0)
-        if self._enabled("observer_enabled"):
-            self._update_running_min_max(X.detach())
-        if not self._enabled("fake_quant_enabled"):
-            return X.clone()
+
+    def _refresh_qparams(self) -> None:
+        """scale / zero point from the running min / max, as the fused ATen op chooses them."""
+        obs = self.activation_post_process
         # ATen widens the range to contain 0 before anything else reads it; doing that first
         # also lets the never-observed state (+inf, -inf) through as (0, 0), as in ATen.
         scale, zero_point = affine.choose_qparams_aten(
@@ -343,6 +364,18 @@ class FusedMovingAvgObsFakeQuantize(FakeQuantize):
             fbgemm=True)
         self.scale.copy_(scale)
         self.zero_point.copy_(zero_point)
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        if X.numel() == 0:
+            self._join_ranks_without_data(X)
+            return X.clone()
+        if self.is_per_channel:
+            self._prepare_per_channel_buffers(X.size(self.ch_axis))
+        if self._enabled("observer_enabled"):
+            self._update_running_min_max(X.detach())
+        if not self._enabled("fake_quant_enabled"):
+            return X.clone()
+        self._refresh_qparams()
         return self._fake_quantize(X)
 
 

@@ -152,8 +152,8 @@ class ObserverBase(abc.ABC, nn.Module):
 
     def _label(self) -> str:
         """This observer's class, and the module it observes once ``prepare`` has named it."""
-        owner = self.__dict__.get("_torchquant_owner")
-        return f"{type(self).__name__} of module {owner!r}" if owner else type(self).__name__
+        where = owner_label(self)
+        return f"{type(self).__name__} of {where}" if where else type(self).__name__
 
     def _warn_if_huge(self, lo: Any, hi: Any) -> None:
         """Warn once when calibration data reaches |x| >= 1e30: a range that wide leaves one
@@ -172,11 +172,22 @@ class ObserverBase(abc.ABC, nn.Module):
 _HUGE = 1e30
 
 
-def set_observer_owner(observer: nn.Module, name: str) -> None:
-    """Record ``name`` (the observed module) on ``observer`` and any observer inside it
-    (a fake-quant's), so that their messages say which module they belong to."""
+def set_observer_owner(observer: nn.Module, name: str, kind: str = "module") -> None:
+    """Record ``name`` (the observed module, or graph node for ``kind="node"``) on ``observer``
+    and any observer inside it (a fake-quant's), so that their messages say where they are.
+    The first name recorded stays (an observer shared by several nodes names the first)."""
     for m in observer.modules():
-        m.__dict__["_torchquant_owner"] = name
+        if "_torchquant_owner" not in m.__dict__ or kind == "module":
+            m.__dict__["_torchquant_owner"] = name
+            m.__dict__["_torchquant_owner_kind"] = kind
+
+
+def owner_label(observer: nn.Module) -> str:
+    """``"module 'fc1'"`` / ``"node 'conv2d'"`` for an observer named by prepare, else ``""``."""
+    owner = observer.__dict__.get("_torchquant_owner")
+    if not owner:
+        return ""
+    return f"{observer.__dict__.get('_torchquant_owner_kind', 'module')} {owner!r}"
 
 
 class UniformQuantizationObserverBase(ObserverBase):
@@ -269,17 +280,17 @@ class UniformQuantizationObserverBase(ObserverBase):
                                       "symmetric quantization to quint8")
 
     def _fold_min_max(self, lo: torch.Tensor, hi: torch.Tensor,
-                      averaging_constant: Optional[float] = None) -> None:
+                      averaging_constant: Optional[float] = None, reduced: bool = False) -> None:
         """Fold one batch's (checked) min/max into the running ``min_val`` / ``max_val`` buffers.
 
         Unset statistics (an empty per-channel buffer, or per-tensor +inf / -inf) take the batch
         values; later batches keep the extremes or, with ``averaging_constant``, move that
         fraction of the way towards the batch values.  Under
         :func:`~torchquant.quantization.observe_across_ranks` the batch values are first reduced
-        across the process group.
+        across the process group (unless ``reduced``: they already were).
         """
         rank_sync = self.__dict__.get("_rank_sync")
-        if rank_sync is not None:
+        if rank_sync is not None and not reduced:
             lo, hi = rank_sync.min_max(lo, hi)
         if averaging_constant is None and self.min_val.numel():
             torch.minimum(self.min_val, lo, out=self.min_val)  # +inf / -inf fold like any value
@@ -291,6 +302,18 @@ class UniformQuantizationObserverBase(ObserverBase):
         else:
             self.min_val.add_(averaging_constant * (lo - self.min_val))
             self.max_val.add_(averaging_constant * (hi - self.max_val))
+
+    def _fold_empty_batch(self, shape: tuple, averaging_constant: Optional[float] = None) -> None:
+        """An empty batch adds nothing on its own; under
+        :func:`~torchquant.quantization.observe_across_ranks` this rank still joins the step's
+        reduction, and folds in what the other ranks saw (as one process would)."""
+        rank_sync = self.__dict__.get("_rank_sync")
+        if rank_sync is None:
+            return
+        reduced = rank_sync.min_max_without_data(shape, self.min_val.dtype, self.min_val.device)
+        if reduced is None:
+            return
+        self._fold_min_max(*reduced, averaging_constant, reduced=True)
 
     def reset_min_max_vals(self) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot reset its min/max values")
@@ -345,6 +368,7 @@ class MinMaxObserver(UniformQuantizationObserverBase):
 
     def forward(self, x_orig: torch.Tensor) -> torch.Tensor:
         if x_orig.numel() == 0:
+            self._fold_empty_batch(())
             return x_orig
         self._fold_min_max(*self._batch_min_max(x_orig))
         return x_orig
@@ -383,6 +407,7 @@ class MovingAverageMinMaxObserver(MinMaxObserver):
 
     def forward(self, x_orig: torch.Tensor) -> torch.Tensor:
         if x_orig.numel() == 0:
+            self._fold_empty_batch((), self.averaging_constant)
             return x_orig
         self._fold_min_max(*self._batch_min_max(x_orig), self.averaging_constant)
         return x_orig
@@ -449,8 +474,15 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
                              f"has recorded {self.min_val.numel()}")
         return lo, hi
 
+    def _channels_of_empty(self, x: torch.Tensor) -> tuple:
+        """The statistics shape an empty batch would have had (for the per-step reduction)."""
+        ndim = x.dim()
+        channels = x.size(self.ch_axis) if ndim and -ndim <= self.ch_axis < ndim else 0
+        return (channels or self.min_val.numel(),)
+
     def forward(self, x_orig: torch.Tensor) -> torch.Tensor:
         if x_orig.numel() == 0:
+            self._fold_empty_batch(self._channels_of_empty(x_orig))
             return x_orig
         self._fold_min_max(*self._channel_min_max(x_orig))
         return x_orig
@@ -497,6 +529,7 @@ class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
 
     def forward(self, x_orig: torch.Tensor) -> torch.Tensor:
         if x_orig.numel() == 0:
+            self._fold_empty_batch(self._channels_of_empty(x_orig), self.averaging_constant)
             return x_orig
         self._fold_min_max(*self._channel_min_max(x_orig), self.averaging_constant)
         return x_orig
@@ -610,13 +643,11 @@ class HistogramObserver(UniformQuantizationObserverBase):
             raise ValueError(f"{self._label()}: the input contains NaN, which has no place "
                              "in a histogram")
         if math.isinf(lo) or math.isinf(hi):
-            warnings.warn(f"{self._label()}: ignoring +-inf values in the input",
-                          stacklevel=2)
-            x = x[torch.isfinite(x)]
-            if x.numel() == 0:
-                return x_orig
-            x_min, x_max = torch.aminmax(x)
-        elif lo <= -_HUGE or hi >= _HUGE:
+            # [TQ] torch drops +-inf with a warning; the Inf then flows on and poisons later
+            # observers as NaN, far from where it entered: name it here instead
+            raise ValueError(f"{self._label()}: the input contains Inf (min {lo}, max {hi}), "
+                             "which has no quantization range")
+        if lo <= -_HUGE or hi >= _HUGE:
             self._warn_if_huge(lo, hi)
         if self.min_val.item() == float("inf") or self.max_val.item() == float("-inf"):
             self._start_histogram(x, x_min, x_max)

@@ -19,9 +19,11 @@ import torch
 from torch.fx import GraphModule
 
 from . import distributed as _distributed
+from .summary import record as _record_coverage
 from .backend_config import BackendConfig, get_native_backend_config
 from .backend_config.utils import get_module_to_qat_module
 from .fx.convert import (convert_to_reference, keep_quantized_outputs, lower_to_torchquant,
+                         ORIGINAL_WEIGHTS_LOOKUP, read_qparams_from_buffers,
                          mark_quantized_inputs, remove_qconfigs, rewire_standalone_module,
                          swap_custom_modules)
 from .fx.custom_config import ConvertCustomConfig, FuseCustomConfig, PrepareCustomConfig
@@ -293,6 +295,8 @@ def _convert(graph_module: GraphModule, convert_custom_config: Any, qconfig_mapp
         gm = lower_to_torchquant(gm, backend)
         remove_qconfigs(gm)
     keep_quantized_outputs(gm, state.get("_output_quantized_indexes", []))
+    if not is_reference:
+        read_qparams_from_buffers(gm)
     _warn_float_nodes(graph_module, what)
     gm.meta.pop(_PREPARED_KEY, None)
     _copy_preserved(graph_module, gm, custom.preserved_attributes)
@@ -313,11 +317,18 @@ def convert_fx(graph_module: GraphModule,
                backend_config: Union[BackendConfig, dict[str, Any], None] = None,
                keep_original_weights: bool = False) -> GraphModule:
     """Convert a prepared (and calibrated / trained) model to a quantized one: the reference
-    model lowered to torchquant quantized modules and QTensor ops."""
-    if keep_original_weights:
-        raise NotImplementedError("convert_fx: keep_original_weights=True is not supported yet")
-    return _convert(graph_module, convert_custom_config, qconfig_mapping, backend_config, False,
-                    "convert_fx")
+    model lowered to torchquant quantized modules and QTensor ops.
+
+    ``keep_original_weights=True`` (as torch.ao) keeps the float weight and bias of every
+    functional ``F.linear`` / ``F.conv*`` that was quantized, as
+    ``model.original_weights_lookup[<name of its quantized weight holder>] = [weight, bias]``
+    (bias None when absent)."""
+    converted = _convert(graph_module, convert_custom_config, qconfig_mapping, backend_config,
+                         False, "convert_fx")
+    if not keep_original_weights:
+        converted.__dict__.pop(ORIGINAL_WEIGHTS_LOOKUP, None)
+    _record_coverage(converted, "convert")  # the coverage line eager convert logs too
+    return converted
 
 
 def convert_to_reference_fx(graph_module: GraphModule,
@@ -329,5 +340,7 @@ def convert_to_reference_fx(graph_module: GraphModule,
                             ) -> GraphModule:
     """Convert to the reference model: quantize / dequantize nodes around float ops and
     ``nn.quantized.reference`` modules."""
-    return _convert(graph_module, convert_custom_config, qconfig_mapping, backend_config, True,
-                    "convert_to_reference_fx")
+    converted = _convert(graph_module, convert_custom_config, qconfig_mapping, backend_config,
+                         True, "convert_to_reference_fx")
+    _record_coverage(converted, "convert")
+    return converted

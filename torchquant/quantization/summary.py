@@ -41,7 +41,7 @@ _FLOAT_BY_DESIGN = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Alp
 class ModuleCoverage:
     name: str
     type_name: str
-    state: str  # "float", "observed" or "quantized"
+    state: str  # "float", "observed", "quantized" or (PT2E) "fused"
     reason: Optional[str] = None
     # For a float module: True when staying float is by design (no quantized form, or the
     # qconfig left it float), False when the user probably wanted it quantized.
@@ -51,9 +51,16 @@ class ModuleCoverage:
 @dataclass(frozen=True)
 class QuantizationSummary:
     modules: tuple[ModuleCoverage, ...]
+    # what the entries are: "modules" (eager, FX) or "ops" (PT2E: ops of the exported graph)
+    unit: str = "modules"
 
     def count(self, state: str) -> int:
         return sum(m.state == state for m in self.modules)
+
+    @property
+    def fused(self) -> tuple[ModuleCoverage, ...]:
+        """Ops fused into the quantized op before them (PT2E: the ReLU of conv + ReLU)."""
+        return tuple(m for m in self.modules if m.state == "fused")
 
     @property
     def float_modules(self) -> tuple[ModuleCoverage, ...]:
@@ -66,9 +73,12 @@ class QuantizationSummary:
 
     def line(self, verb: str = "quantized") -> str:
         state = "observed" if verb == "observed" else "quantized"
-        done, total = self.count(state), len(self.modules)
+        fused = len(self.fused)
+        done, total = self.count(state), len(self.modules) - fused
         left = self.float_modules
-        text = f"{verb} {done} of {total} modules"
+        text = f"{verb} {done} of {total} {self.unit}"
+        if fused:
+            text += f" ({fused} activation{'s' if fused > 1 else ''} fused into them)"
         if left:
             shown = ", ".join(f"{m.name} ({m.reason or 'float'})" for m in left[:8])
             more = f", ... ({len(left) - 8} more)" if len(left) > 8 else ""
@@ -82,7 +92,8 @@ class QuantizationSummary:
 
     def __str__(self) -> str:
         width = max([len(m.name) for m in self.modules] + [6])
-        rows = [f"{'module':<{width}}  {'type':<28} {'state':<9} reason"]
+        name, kind = ("module", "type") if self.unit == "modules" else ("node", "op")
+        rows = [f"{name:<{width}}  {kind:<28} {'state':<9} reason"]
         rows += [f"{m.name:<{width}}  {m.type_name:<28} {m.state:<9} {m.reason or ''}"
                  + ("" if m.by_design or m.state != "float" else "  <- wanted quantized?")
                  for m in self.modules]
@@ -136,10 +147,12 @@ def _has_counterpart(m: nn.Module) -> bool:
 def summary(model: nn.Module) -> QuantizationSummary:
     """Per module: float / observed / quantized, and for each float one why (as recorded by
     the last prepare / convert / quantize_dynamic on this model).  For an exported (PT2E)
-    model: per op of the graph, with ``name`` the node and ``type_name`` the op."""
+    model: per op of the graph, with ``name`` the node and ``type_name`` the op, counted as
+    "ops"; an activation fused into the quantized op before it is "fused", not float."""
     if model_is_exported(model):
         return QuantizationSummary(tuple(ModuleCoverage(*row)
-                                         for row in _pt2e_summary.node_coverage(model)))
+                                         for row in _pt2e_summary.node_coverage(model)),
+                                   unit="ops")
     reasons = getattr(model, _REASONS_ATTR, {})
     entries = []
     for name, module, state in _units(model):

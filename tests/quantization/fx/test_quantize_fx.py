@@ -545,3 +545,55 @@ def test_module_name_applies_to_submodule_functions_like_torch(disable):
         [type(m).__name__ for _, m in q_theirs.named_modules()][1:]
     x = torch.rand(2, 3, 6, 6)
     torch.testing.assert_close(q_ours(x), q_theirs(x), rtol=0, atol=0)
+
+
+# ---- a None qconfig for a function; keep_original_weights (issue 28) ------------------------
+
+class _FunctionalLinearReLU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = nn.Parameter(torch.randn(4, 8, generator=g))
+        self.b = nn.Parameter(torch.randn(4, generator=g))
+
+    def forward(self, x):
+        return F.relu(F.linear(x, self.w, self.b))
+
+
+def _convert_both(model, ours_mapping, theirs_mapping, x, **convert_kwargs):
+    ours = quantize_fx.prepare_fx(copy.deepcopy(model), ours_mapping, (x,))
+    theirs = ao_fx.prepare_fx(copy.deepcopy(model), theirs_mapping, (x,))
+    ours(x), theirs(x)
+    return (quantize_fx.convert_fx(ours, **convert_kwargs),
+            ao_fx.convert_fx(theirs, **convert_kwargs))
+
+
+def test_none_qconfig_for_a_function_keeps_it_float_as_torch():
+    """Each node of a fused pattern uses its own qconfig: F.linear with None stays float (its
+    weight unobserved), the ReLU after it keeps the global qconfig's output quantization."""
+    model = _FunctionalLinearReLU().eval()
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
+    ours, theirs = _convert_both(
+        model, get_default_qconfig_mapping("x86").set_object_type(F.linear, None),
+        ao.get_default_qconfig_mapping("x86").set_object_type(F.linear, None), x)
+    assert not [name for name, _ in ours.named_children()]
+    assert any(n.op == "call_function" and n.target is F.linear for n in ours.graph.nodes)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=0)
+
+
+def test_keep_original_weights_keeps_the_functional_float_weights():
+    model = _FunctionalLinearReLU().eval()
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
+    ours, theirs = _convert_both(model, get_default_qconfig_mapping("x86"),
+                                 ao.get_default_qconfig_mapping("x86"), x,
+                                 keep_original_weights=True)
+    (ours_kept,) = ours.original_weights_lookup.values()
+    (theirs_kept,) = theirs.original_weights_lookup.values()
+    for a, b in zip(ours_kept, theirs_kept):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=0)
+    prepared = quantize_fx.prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"),
+                                      (x,))
+    prepared(x)
+    plain = quantize_fx.convert_fx(prepared)
+    assert not hasattr(plain, "original_weights_lookup")

@@ -1,9 +1,9 @@
 """The PT2E numeric debugger against torchao 0.18's (``torchao.quantization.pt2e``).
 
 torchao 0.18 keys its results by ``NodeSourceDebugInfo(name, graph_id)`` (the float node a
-logged node descends from); torchquant keys them by the integer handle of that float node.
-The oracle tests map each handle to its float node's name and compare: the same set of keys,
-and SQNR per key within 0.1 dB (both flows quantize identically; the tolerance only absorbs
+logged node descends from); so does torchquant, with the integer handle of that float node
+kept as ``.handle`` (``graph_id`` is the graph's index, where torchao's is an object id, so
+the oracle tests compare names): the same set of keys, and SQNR per key within 0.1 dB (both flows quantize identically; the tolerance only absorbs
 float32 summation order in the norms).
 """
 from __future__ import annotations
@@ -139,9 +139,13 @@ def test_compare_results_matches_torchao(name, flow):
     theirs = ao.compare_results(
         ao.extract_results_from_loggers(run(float_ao, ao.prepare_for_propagation_comparison)),
         ao.extract_results_from_loggers(run(quant_ao, ao.prepare_for_propagation_comparison)))
-    handle_to_name = {h: n for n, h in _handles_by_name(float_gm).items()}
-    ours_by_name = {handle_to_name[h]: s for h, s in ours.items()}
+    handles = _handles_by_name(float_gm)
+    ours_by_name = {k.name: s for k, s in ours.items()}
     theirs_by_name = {k.name: s for k, s in theirs.items()}
+    for key, summary in ours.items():  # torchao's shape, the integer handle kept
+        assert isinstance(key, pt2e.NodeSourceDebugInfo) and key.graph_id == 0
+        assert summary.debug_info is key and summary.handle == key.handle == handles[key.name]
+        assert ours[pt2e.NodeSourceDebugInfo(name=key.name, graph_id=0)] is summary
     assert set(ours_by_name) == set(theirs_by_name)
     assert len(ours_by_name) >= 3
     for node_name, summary in ours_by_name.items():
@@ -210,16 +214,21 @@ def test_logger_extract_and_compare_semantics():
     torch.testing.assert_close(logged(*args), gm(*args))
     logged(*args)
     results = pt2e.extract_results_from_loggers(logged)
-    assert set(results) == set(_handles_by_name(gm).values())
-    name, stack, stats = results[min(results)]
+    assert {k.handle for k in results} == set(_handles_by_name(gm).values())
+    assert {k.name for k in results} == set(_handles_by_name(gm))
+    first, last = (min(results, key=lambda k: k.handle), max(results, key=lambda k: k.handle))
+    name, stack, stats = results[first]
     assert isinstance(name, str) and len(stats) == 2
-    # a handle only one side recorded is skipped
+    # a key only one side recorded is skipped
     partial = dict(results)
-    dropped = partial.pop(max(partial))
+    dropped = partial.pop(last)
     summary = pt2e.compare_results(results, partial)
-    assert max(results) not in summary and dropped
-    same = summary[min(results)]
+    assert last not in summary and dropped
+    same = summary[first]
     assert all(math.isinf(float(r.sqnr)) and float(r.mse_loss) == 0 for r in same.results)
+    # results keyed by integer handles (torchquant's earlier shape) are still accepted
+    by_handle = {k.handle: v for k, v in results.items()}
+    assert pt2e.compare_results(by_handle, by_handle)[first.handle].handle == first.handle
     logger = pt2e.OutputLogger(7, "n", None)
     x = torch.randn(3, requires_grad=True)
     assert logger(x) is x and not logger.stats[0].requires_grad

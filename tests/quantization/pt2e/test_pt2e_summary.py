@@ -215,3 +215,26 @@ def test_bad_spec_and_train_eval_errors():
         prepared.train()
     with pytest.raises(NotImplementedError, match="move_exported_model_to_eval"):
         prepared.eval()
+
+
+def test_summary_counts_ops_and_calls_fused_activations_fused():
+    """x86: conv + ReLU and linear + ReLU are fused patterns; their ReLUs are "fused into" the
+    quantized op, not left in float, and the line counts ops, not modules."""
+    from torchquant.quantization.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 1), nn.Flatten(),
+                          nn.Linear(64, 4), nn.ReLU()).eval()
+    x = torch.randn(2, 3, 6, 6)
+    prepared = prepare_pt2e(torch.export.export(model, (x,)).module(),
+                            X86InductorQuantizer().set_global(
+                                get_default_x86_inductor_quantization_config()))
+    prepared(x)
+    report = summary(convert_pt2e(prepared))
+    states = _states(report)
+    assert states["relu"][1:] == ("fused", "fused into conv2d")
+    assert states["relu_1"][1:] == ("fused", "fused into linear")
+    assert not report.float_modules
+    line = report.line()
+    assert line == "quantized 4 of 4 ops (2 activations fused into them)", line
+    assert str(report).splitlines()[0].split()[:2] == ["node", "op"]

@@ -31,6 +31,8 @@ from ...nn.quantized import functional as qF
 from ...nn.quantized import dynamic as nnqd
 from ...nn.intrinsic.quantized import dynamic as nniqd
 from ...nn.quantized import reference as nnqr
+from ...nn.quantized.modules.utils import as_output_scale as _as_output_scale
+from ...nn.quantized.modules.utils import as_output_zero_point as _as_output_zero_point
 from ..backend_config import BackendConfig
 from ..backend_config.utils import get_root_module_to_quantized_reference_module
 from ..fake_quantize import FakeQuantizeBase
@@ -41,7 +43,8 @@ from .fuse import _set_module
 __all__ = ["quantize_per_tensor", "quantize_per_channel", "quantize_per_tensor_dynamic",
            "round_to_float16", "convert_to_reference", "lower_to_torchquant", "remove_qconfigs",
            "mark_quantized_inputs", "swap_custom_modules", "keep_quantized_outputs",
-           "rewire_standalone_module"]
+           "rewire_standalone_module", "activation_qparams", "ORIGINAL_WEIGHTS_LOOKUP", "read_qparams_from_buffers",
+           "refresh_qparam_literals"]
 
 
 def quantize_per_tensor(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
@@ -69,6 +72,14 @@ def round_to_float16(x: torch.Tensor) -> torch.Tensor:
 
 
 _QUANTIZE_FUNCTIONS = (quantize_per_tensor, quantize_per_channel)
+# GraphModule attribute (torch.ao's name): quantized weight holder -> [float weight, bias]
+ORIGINAL_WEIGHTS_LOOKUP = "original_weights_lookup"
+
+
+def _keep_original_weights(gm: GraphModule, holder: str, weight: torch.Tensor,
+                           bias: Optional[torch.Tensor]) -> None:
+    lookup = gm.__dict__.setdefault(ORIGINAL_WEIGHTS_LOOKUP, {})
+    lookup[holder] = [weight.detach().clone(), None if bias is None else bias.detach().clone()]
 # dynamic activations quantize with reduce_range as torch's fbgemm / x86 engines do
 _DYNAMIC_REDUCE_RANGE = True
 
@@ -367,7 +378,113 @@ def _is_relu(node: Node, modules: dict[str, torch.nn.Module]) -> bool:
             or (node.op == "call_method" and node.target == "relu"))
 
 
+# GraphModule attribute: {node name: (arg index of the scale, scale buffer, zero point buffer,
+# qdtype name)} for every lowered node whose output qparams are literal arguments
+_QPARAM_LITERALS = "_torchquant_qparam_literals"
+
+
+def _record_qparam_literals(gm: GraphModule, lowered: Node, quant_args: tuple,
+                            qparams: tuple[float, int]) -> None:
+    """Remember that ``lowered`` carries, as adjacent literal arguments, the (scale, zero point)
+    ``qparams`` of the per-tensor quantize whose arguments were ``quant_args`` (and whose
+    buffers they come from)."""
+    _, scale_node, zp_node, qdtype_name = quant_args
+    if not (isinstance(scale_node, Node) and scale_node.op == "get_attr"
+            and isinstance(zp_node, Node) and zp_node.op == "get_attr"):
+        return
+    scale, zero_point = qparams
+    args = lowered.args
+    for i in range(len(args) - 1):
+        if type(args[i]) is float and type(args[i + 1]) is int and args[i] == scale \
+                and args[i + 1] == zero_point:
+            literals = gm.__dict__.setdefault(_QPARAM_LITERALS, {})
+            literals[lowered.name] = (i, str(scale_node.target), str(zp_node.target),
+                                      qdtype_name)
+            return
+
+
+def activation_qparams(scale: torch.Tensor, zero_point: torch.Tensor, qdtype_name: str,
+                       traced_scale: float, traced_zero_point: int) -> tuple[float, int]:
+    """Graph form: an activation's (scale, zero point) buffers as Python numbers.  Eager reads
+    the buffers (so ``load_state_dict`` or an in-place change is seen at once, as with torch.ao's
+    ``get_attr`` nodes); under ``torch.export`` / ``torch.compile`` the numbers last read from
+    them stand in (:func:`refresh_qparam_literals` keeps them current; ``load_state_dict`` calls
+    it), so tracing sees constants, not data-dependent reads."""
+    if torch.compiler.is_compiling():
+        return traced_scale, traced_zero_point
+    return float(scale), int(zero_point)
+
+
+def read_qparams_from_buffers(gm: GraphModule) -> None:
+    """Last convert step: each lowered node's literal output qparams become
+    ``activation_qparams(<_scale_n buffer>, <_zero_point_n buffer>, ...)``."""
+    literals = gm.__dict__.pop(_QPARAM_LITERALS, None)
+    if not literals:
+        return
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.name not in literals or node.op not in ("call_function", "call_module",
+                                                         "call_method"):
+            continue
+        i, scale_attr, zp_attr, qdtype_name = literals[node.name]
+        scale, zero_point = node.args[i], node.args[i + 1]
+        with graph.inserting_before(node):
+            qparams = graph.call_function(activation_qparams, (
+                graph.get_attr(scale_attr), graph.get_attr(zp_attr), qdtype_name, scale,
+                zero_point))
+            args = list(node.args)
+            args[i] = graph.call_function(operator.getitem, (qparams, 0))
+            args[i + 1] = graph.call_function(operator.getitem, (qparams, 1))
+        node.args = tuple(args)
+    _drop_unread_qparam_buffers(gm)
+    if _refresh_after_load not in gm._load_state_dict_post_hooks.values():
+        gm.register_load_state_dict_post_hook(_refresh_after_load)
+    graph.lint()
+    gm.recompile()
+
+
+def refresh_qparam_literals(gm: GraphModule) -> bool:
+    """Re-read the numbers that stand in for the activation qparam buffers under
+    ``torch.export`` / ``torch.compile`` (validated: a non-positive scale or a zero point outside
+    its dtype raises ``ValueError`` naming the buffer).  ``load_state_dict`` calls it; call it
+    after changing a buffer in place and before exporting.  Returns whether anything changed."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not activation_qparams:
+            continue
+        scale_node, zp_node, qdtype_name, old_scale, old_zero_point = node.args
+        scale_attr, zp_attr = str(scale_node.target), str(zp_node.target)
+        scale = _as_output_scale(_attr_value(gm, scale_node), scale_attr)
+        zero_point = _as_output_zero_point(_attr_value(gm, zp_node),
+                                           (_dt.qdtype_of(qdtype_name),), zp_attr)
+        if (scale, zero_point) != (old_scale, old_zero_point):
+            node.args = (scale_node, zp_node, qdtype_name, scale, zero_point)
+            changed = True
+    if changed:
+        gm.recompile()
+    return changed
+
+
+def _refresh_after_load(module: torch.nn.Module, incompatible_keys: Any) -> None:
+    """``load_state_dict`` post-hook of a converted GraphModule."""
+    if isinstance(module, GraphModule):
+        refresh_qparam_literals(module)
+
+
+def _drop_unread_qparam_buffers(gm: GraphModule) -> None:
+    """``_scale_<n>`` / ``_zero_point_<n>`` buffers that nothing reads any more (their quantize
+    node was folded into a module holding its own qparams) leave the state dict."""
+    read = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    for _, scale_attr, zp_attr, _ in gm.__dict__.get(_QPARAM_LITERALS, {}).values():
+        read.update((scale_attr, zp_attr))
+    for name in list(gm._buffers):
+        if (name.startswith("_scale_") or name.startswith("_zero_point_")) and name not in read:
+            del gm._buffers[name]
+
+
 def _finish(gm: GraphModule, lowered: Node, quant_out: Node, dropped: list[Node]) -> None:
+    if quant_out.target is quantize_per_tensor:
+        _record_qparam_literals(gm, lowered, quant_out.args, _qparams(gm, quant_out))
     quant_out.replace_all_uses_with(lowered)
     graph = gm.graph
     graph.erase_node(quant_out)
@@ -446,19 +563,22 @@ def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> Graph
 
 def _inline_quantize_qparams(gm: GraphModule) -> None:
     """Remaining per-tensor quantize nodes take their qparams as constants (no tensor ``.item()``
-    in the lowered graph, so torch.export / torch.compile see no data-dependent values); their
-    qparam buffers are dropped."""
+    in the lowered graph, so torch.export / torch.compile see no data-dependent values).  The
+    buffers stay in the state dict as the source of those constants
+    (:func:`refresh_qparam_literals` re-reads them after ``load_state_dict``)."""
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is quantize_per_tensor and \
                 "torchquant_qparams" in node.meta:
             x, scale_node, zp_node, name = node.args
+            if not isinstance(scale_node, Node):
+                continue
             scale, zero_point = node.meta["torchquant_qparams"]
+            quant_args = node.args
             node.args = (x, scale, zero_point, name)
+            _record_qparam_literals(gm, node, quant_args, (scale, zero_point))
             for attr in (scale_node, zp_node):
                 if isinstance(attr, Node) and not attr.users:
                     gm.graph.erase_node(attr)
-                    if hasattr(gm, str(attr.target)):
-                        delattr(gm, str(attr.target))
 
 
 def _lower_binary(gm: GraphModule, modules: dict[str, torch.nn.Module], node: Node) -> None:
@@ -613,6 +733,7 @@ def _lower_functional_weighted(gm: GraphModule, modules: dict[str, torch.nn.Modu
     qlinear.scale, qlinear.zero_point = scale, zp
     module_name = _new_attr_name(gm, f"{node.name}_quantized_")
     gm.add_submodule(module_name, qlinear)
+    _keep_original_weights(gm, module_name, weight, bias)
     modules[module_name] = qlinear
     with gm.graph.inserting_before(node):
         lowered = gm.graph.call_module(module_name, (x_dq.args[0],))
@@ -705,6 +826,7 @@ def _lower_dynamic_functional_linear(gm: GraphModule, modules: dict[str, torch.n
     qlinear.set_weight_bias(w_q, None if bias is None else bias.detach())
     module_name = _new_attr_name(gm, f"{node.name}_dynamic_")
     gm.add_submodule(module_name, qlinear)
+    _keep_original_weights(gm, module_name, weight, bias)
     modules[module_name] = qlinear
     tail = users[0] if relu else node
     with gm.graph.inserting_before(node):

@@ -26,7 +26,7 @@ from ... import dtypes as _dt
 from ...nn.intrinsic.modules.fused import _FusedModule
 from ..backend_config import BackendConfig, BackendPatternConfig, DTypeConfig, ObservationType
 from ..fake_quantize import FakeQuantizeBase
-from ..observer import ObserverBase, ReuseInputObserver
+from ..observer import ObserverBase, ReuseInputObserver, set_observer_owner
 from ..qconfig import QConfigAny, QConfigMapping, qconfig_equals, _get_qconfig
 from ..utils import Pattern
 from .match_utils import find_matches, flatten_node_pattern, root_node_of
@@ -237,6 +237,7 @@ def _insert_observer_after(gm: GraphModule, modules: dict[str, torch.nn.Module],
     name = _new_observer_name(gm)
     setattr(gm, name, observer)
     modules[name] = observer
+    set_observer_owner(observer, node.name, kind="node")  # messages name the observed node
     with gm.graph.inserting_after(node):
         return gm.graph.create_node("call_module", name, (node,), {})
 
@@ -256,6 +257,9 @@ class _PatternPlan:
     observation_type: ObservationType = ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT
     dynamic: bool = False
     only_inputs: Optional[set[int]] = None       # standalone modules: the observed positions
+    # each node of a pattern uses its own qconfig (torch's rule): a root whose qconfig is None
+    # keeps its inputs (weight included) float; the last node's output is still observed
+    observe_inputs: bool = True
 
     @property
     def share(self) -> bool:
@@ -316,6 +320,9 @@ def plan_patterns(gm: GraphModule, modules: dict[str, torch.nn.Module],
             # binary ops: observation depends on how many operands are tensors (x + 1.0 shares)
             count = sum(1 for a in root.args if isinstance(a, Node) and a.name in tensor_nodes)
             plan.observation_type = by_count.get(count, plan.observation_type)
+        if root is not last and node_name_to_qconfig.get(root.name) is None:
+            plan.observe_inputs = False
+            float_reasons[root.name] = "no qconfig"
         plans[root.name] = plan
         plans[last.name] = plan
     return plans, float_reasons
@@ -408,7 +415,7 @@ def insert_observers(gm: GraphModule, modules: dict[str, torch.nn.Module],
         plan = plans.get(node.name)
         if plan is None or plan.not_observed:
             continue
-        if plan.root is node:
+        if plan.root is node and plan.observe_inputs:
             _insert_input_observers(gm, modules, node, plan, tensor_nodes, quantized_inputs)
         if plan.last is node and _is_quantized_dtype(plan.dtype_config.output_dtype):
             activation = plan.qconfig.activation()

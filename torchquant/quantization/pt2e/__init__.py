@@ -17,7 +17,7 @@ from ..observer import (FixedQParamsObserver, HistogramObserver, MinMaxObserver,
                         PlaceholderObserver, RecordingObserver, ReuseInputObserver,
                         UniformQuantizationObserverBase)
 from ._numeric_debugger import (CUSTOM_KEY, FROM_NODE_KEY, NUMERIC_DEBUG_HANDLE_KEY,
-                                NodeAccuracySummary, OutputLogger,
+                                NodeAccuracySummary, NodeSourceDebugInfo, OutputLogger,
                                 QuantizationComparisonResult, compare_results,
                                 extract_results_from_loggers, generate_numeric_debug_handle,
                                 prepare_for_propagation_comparison)
@@ -37,5 +37,6 @@ __all__ = [
     "CUSTOM_KEY", "NUMERIC_DEBUG_HANDLE_KEY", "FROM_NODE_KEY", "generate_numeric_debug_handle",
     "prepare_for_propagation_comparison", "OutputLogger", "extract_results_from_loggers",
     "compare_results", "QuantizationComparisonResult", "NodeAccuracySummary",
+    "NodeSourceDebugInfo",
     "numeric_report", "NumericReport", "LayerAccuracy",
 ]

@@ -24,8 +24,8 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Callable, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -34,16 +34,35 @@ from torch.fx import GraphModule, Node
 __all__ = ["CUSTOM_KEY", "NUMERIC_DEBUG_HANDLE_KEY", "FROM_NODE_KEY",
            "generate_numeric_debug_handle", "prepare_for_propagation_comparison", "OutputLogger",
            "extract_results_from_loggers", "compare_results", "QuantizationComparisonResult",
-           "NodeAccuracySummary", "get_debug_handle", "inherit_debug_handle",
+           "NodeAccuracySummary", "NodeSourceDebugInfo", "get_debug_handle",
+           "get_debug_info", "inherit_debug_handle",
            "debug_handle_from_observer", "compute_sqnr"]
 
 CUSTOM_KEY = "custom"
 NUMERIC_DEBUG_HANDLE_KEY = "numeric_debug_handle"
 FROM_NODE_KEY = "from_node"
 
+# where a handle came from: the node of the exported program it was generated for, and the
+# index of that node's graph (0: the top graph, then its subgraphs breadth first)
+_SOURCE_NAME_KEY = "numeric_debug_source_name"
+_SOURCE_GRAPH_KEY = "numeric_debug_source_graph"
+
 log = logging.getLogger(__name__)
 
-Results = dict[int, tuple[Optional[str], object, list[object]]]
+
+@dataclass(frozen=True)
+class NodeSourceDebugInfo:
+    """torchao's key for a logged value: ``name`` is the node of the exported program the
+    debug handle was generated for, ``graph_id`` the index of its graph (0: the top graph;
+    deterministic, so programs saved and loaded again compare).  ``handle`` is torchquant's
+    integer handle of it, kept available; it takes no part in equality or hashing, so
+    ``NodeSourceDebugInfo(name=..., graph_id=...)`` looks results up as in torchao."""
+    name: str
+    graph_id: int
+    handle: Optional[int] = field(default=None, compare=False)
+
+
+Results = dict[NodeSourceDebugInfo, tuple[Optional[str], object, list[object]]]
 
 
 def get_debug_handle(node: Node) -> Optional[int]:
@@ -54,15 +73,33 @@ def get_debug_handle(node: Node) -> Optional[int]:
     return custom.get(NUMERIC_DEBUG_HANDLE_KEY)
 
 
+def get_debug_info(node: Node) -> Optional[NodeSourceDebugInfo]:
+    """The :class:`NodeSourceDebugInfo` of ``node``'s handle, None when it has no handle (a
+    handle given without its source -- by hand -- is named ``handle_<n>`` in graph 0)."""
+    handle = get_debug_handle(node)
+    if handle is None:
+        return None
+    custom = node.meta[CUSTOM_KEY]
+    name = custom.get(_SOURCE_NAME_KEY)
+    if name is None:
+        return NodeSourceDebugInfo(f"handle_{handle}", 0, handle)
+    return NodeSourceDebugInfo(str(name), int(custom.get(_SOURCE_GRAPH_KEY, 0)), handle)
+
+
 def inherit_debug_handle(source: Node, new: Node) -> None:
     """Give ``new`` (an observer, quantize or dequantize node) the handle of ``source``, the op
-    it serves; no-op when ``source`` has none."""
+    it serves (and where that handle came from); no-op when ``source`` has none."""
     handle = get_debug_handle(source)
     if handle is None:
         return
     custom = new.meta.get(CUSTOM_KEY)
     new.meta[CUSTOM_KEY] = dict(custom) if isinstance(custom, dict) else {}
     new.meta[CUSTOM_KEY][NUMERIC_DEBUG_HANDLE_KEY] = handle
+    for key in (_SOURCE_NAME_KEY, _SOURCE_GRAPH_KEY):
+        if key in source.meta[CUSTOM_KEY]:
+            new.meta[CUSTOM_KEY][key] = source.meta[CUSTOM_KEY][key]
+        else:
+            new.meta[CUSTOM_KEY].pop(key, None)
 
 
 def debug_handle_from_observer(observer: Node, new: Node) -> None:
@@ -73,7 +110,8 @@ def debug_handle_from_observer(observer: Node, new: Node) -> None:
     if handle is not None:
         inherit_debug_handle(observer, new)
     elif isinstance(custom, dict) and NUMERIC_DEBUG_HANDLE_KEY in custom:
-        new.meta[CUSTOM_KEY] = {k: v for k, v in custom.items() if k != NUMERIC_DEBUG_HANDLE_KEY}
+        new.meta[CUSTOM_KEY] = {k: v for k, v in custom.items() if k not in
+                                (NUMERIC_DEBUG_HANDLE_KEY, _SOURCE_NAME_KEY, _SOURCE_GRAPH_KEY)}
 
 
 def _subgraph_modules(gm: torch.nn.Module) -> list[GraphModule]:
@@ -93,14 +131,17 @@ def _subgraph_modules(gm: torch.nn.Module) -> list[GraphModule]:
     return found
 
 
-def _nodes_bfs(gm: torch.nn.Module) -> Iterator[Node]:
-    """Every node but placeholders / outputs of ``gm`` and its subgraphs, breadth first."""
+def _nodes_bfs(gm: torch.nn.Module) -> Iterator[tuple[int, Node]]:
+    """``(graph index, node)`` for every node but placeholders / outputs of ``gm`` and its
+    subgraphs, breadth first (graph 0 is ``gm``'s)."""
     queue = [gm]
+    index = 0
     while queue:
         current = queue.pop(0)
         for node in current.graph.nodes:
             if node.op not in ("placeholder", "output"):
-                yield node
+                yield index, node
+        index += 1
         queue.extend(_subgraph_modules(current))
 
 
@@ -112,15 +153,17 @@ def generate_numeric_debug_handle(ep: torch.export.ExportedProgram) -> None:
         raise ValueError(f"generate_numeric_debug_handle expects an ExportedProgram "
                          f"(torch.export.export(...)), got {type(ep).__name__}")
     largest = 0
-    for node in _nodes_bfs(ep.graph_module):
+    for _, node in _nodes_bfs(ep.graph_module):
         handle = get_debug_handle(node)
         if handle is not None:
             largest = max(largest, int(handle))
     next_handle = largest + 1
-    for node in _nodes_bfs(ep.graph_module):
+    for graph_index, node in _nodes_bfs(ep.graph_module):
         custom = node.meta.setdefault(CUSTOM_KEY, {})
         if NUMERIC_DEBUG_HANDLE_KEY not in custom:
             custom[NUMERIC_DEBUG_HANDLE_KEY] = next_handle
+            custom[_SOURCE_NAME_KEY] = node.name
+            custom[_SOURCE_GRAPH_KEY] = graph_index
             next_handle += 1
 
 
@@ -139,20 +182,27 @@ class OutputLogger(torch.nn.Module):
 
     _is_impure = True  # keep dead-code elimination from removing the call
 
-    def __init__(self, debug_handle: int, node_name: Optional[str] = None,
+    def __init__(self, debug_info: Union[NodeSourceDebugInfo, int],
+                 node_name: Optional[str] = None,
                  nn_module_stack: Optional[object] = None) -> None:
         super().__init__()
-        self.debug_handle = debug_handle
+        if not isinstance(debug_info, NodeSourceDebugInfo):  # an integer handle
+            debug_info = NodeSourceDebugInfo(f"handle_{debug_info}", 0, int(debug_info))
+        self.debug_info = debug_info
         self.node_name = node_name
         self.nn_module_stack = nn_module_stack
         self.stats: list[object] = []
+
+    @property
+    def debug_handle(self) -> Optional[int]:
+        return self.debug_info.handle
 
     def forward(self, x: object) -> object:
         self.stats.append(_detach(x))
         return x
 
     def extra_repr(self) -> str:
-        return (f"debug_handle={self.debug_handle}, node_name={self.node_name}, "
+        return (f"debug_info={self.debug_info}, node_name={self.node_name}, "
                 f"num_stats={len(self.stats)}")
 
 
@@ -181,7 +231,8 @@ def prepare_for_propagation_comparison(model: GraphModule) -> GraphModule:
             last_of_handle[handle] = node
     for handle, node in last_of_handle.items():
         name = _unique_child_name(model, f"{node.name}_logger")
-        model.add_module(name, OutputLogger(handle, node.name, node.meta.get("nn_module_stack")))
+        model.add_module(name, OutputLogger(get_debug_info(node), node.name,
+                                            node.meta.get("nn_module_stack")))
         with model.graph.inserting_after(node):
             logger_node = model.graph.call_module(name, (node,))
         for user in list(node.users):
@@ -192,13 +243,14 @@ def prepare_for_propagation_comparison(model: GraphModule) -> GraphModule:
 
 
 def extract_results_from_loggers(model: GraphModule) -> Results:
-    """``{handle: (node_name, nn_module_stack, [one recorded value per forward call])}`` for
-    every logger of ``model`` that recorded something."""
+    """``{NodeSourceDebugInfo: (node_name, nn_module_stack, [one recorded value per forward
+    call])}`` (torchao's shape; each key's ``.handle`` is the integer handle) for every logger
+    of ``model`` that recorded something."""
     results: Results = {}
     for _, module in model.named_children():
         if isinstance(module, OutputLogger) and module.stats:
-            results[module.debug_handle] = (module.node_name, module.nn_module_stack,
-                                            module.stats)
+            results[module.debug_info] = (module.node_name, module.nn_module_stack,
+                                          module.stats)
     return results
 
 
@@ -286,12 +338,17 @@ def _shape_text(x: object) -> str:
 
 @dataclass(frozen=True)
 class NodeAccuracySummary:
-    handle: int
+    """torchao's shape (``debug_info`` first); ``handle`` gives the integer handle."""
+    debug_info: NodeSourceDebugInfo
     actual_node_name: str
     actual_module_stack: str
     ref_node_name: str
     ref_module_stack: str
     results: Sequence[QuantizationComparisonResult]
+
+    @property
+    def handle(self) -> Optional[int]:
+        return self.debug_info.handle
 
 
 def module_stack_to_str(module_stack: object) -> str:
@@ -302,11 +359,12 @@ def module_stack_to_str(module_stack: object) -> str:
     return str(innermost[0] if isinstance(innermost, (tuple, list)) else innermost)
 
 
-def compare_results(ref_results: Results, actual_results: Results) -> dict[int,
-                                                                          NodeAccuracySummary]:
-    """For each handle recorded in both runs, pair the recorded values call by call into
-    :class:`QuantizationComparisonResult` s; handles recorded on one side only are skipped."""
-    comparisons: dict[int, NodeAccuracySummary] = {}
+def compare_results(ref_results: dict, actual_results: dict) -> dict:
+    """For each key recorded in both runs, pair the recorded values call by call into
+    :class:`QuantizationComparisonResult` s; keys recorded on one side only are skipped.
+    Keyed as the inputs are: :class:`NodeSourceDebugInfo` (what
+    :func:`extract_results_from_loggers` gives, as torchao) or integer handles."""
+    comparisons: dict = {}
     for handle, (ref_name, ref_stack, ref_stats) in ref_results.items():
         if handle not in actual_results:
             log.debug("numeric debugger: handle %s (%s) is not in the actual results", handle,
@@ -319,8 +377,10 @@ def compare_results(ref_results: Results, actual_results: Results) -> dict[int,
         except ValueError as e:
             raise ValueError(f"handle {handle}: ref node {ref_name} vs actual node "
                              f"{actual_name}: {e}") from e
+        debug_info = handle if isinstance(handle, NodeSourceDebugInfo) else \
+            NodeSourceDebugInfo(ref_name or "", 0, int(handle))
         comparisons[handle] = NodeAccuracySummary(
-            handle=handle, actual_node_name=actual_name or "",
+            debug_info=debug_info, actual_node_name=actual_name or "",
             actual_module_stack=module_stack_to_str(actual_stack), ref_node_name=ref_name or "",
             ref_module_stack=module_stack_to_str(ref_stack), results=results)
     for handle in actual_results.keys() - ref_results.keys():

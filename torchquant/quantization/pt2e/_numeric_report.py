@@ -287,8 +287,8 @@ def _pt2e_report(float_model: GraphModule, quantized_model: GraphModule,
     act_logged = prepare_for_propagation_comparison(quantized_model)
     ref_out = _run_all(ref_logged, batches)
     act_out = _run_all(act_logged, batches)
-    ref = extract_results_from_loggers(ref_logged)
-    act = extract_results_from_loggers(act_logged)
+    ref = {info.handle: v for info, v in extract_results_from_loggers(ref_logged).items()}
+    act = {info.handle: v for info, v in extract_results_from_loggers(act_logged).items()}
     nodes = {n.name: n for n in float_model.graph.nodes}
     order = {}
     for i, n in enumerate(float_model.graph.nodes):

@@ -18,7 +18,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..fake_quantize import FixedQParamsFakeQuantize
-from ..observer import FixedQParamsObserver, ObserverBase
+from ..observer import FixedQParamsObserver, ObserverBase, set_observer_owner
 from ..quantizer.quantizer import (DerivedQuantizationSpec, EdgeOrNode,
                                    FixedQParamsQuantizationSpec, ObserverOrFakeQuantize,
                                    Q_ANNOTATION_KEY, QuantizationSpec, QuantizationSpecBase,
@@ -273,6 +273,7 @@ class _Inserter:
         name = self._new_name()
         setattr(self.model, name, obs)
         self.named_modules[name] = obs
+        set_observer_owner(obs, node.name, kind="node")  # messages name the observed node
         with self.model.graph.inserting_after(node):
             new = self.model.graph.create_node("call_module", name, (node,), {})
         if "val" in node.meta:

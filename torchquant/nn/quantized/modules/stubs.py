@@ -15,8 +15,9 @@ from .utils import NotScriptable, OutputQParams
 
 __all__ = ["Quantize", "DeQuantize"]
 
-_REDUCED_FLOATS = (torch.float16, torch.bfloat16)
-_TORCH_TYPE_NAMES = {torch.float16: "Half", torch.bfloat16: "BFloat16"}
+def _torch_type_name(dtype: torch.dtype) -> str:
+    """torch's scalar type name (``Double``, ``Half``, ``Long`` ...), as its messages say it."""
+    return torch.empty(0, dtype=dtype).type().rsplit(".", 1)[-1].replace("Tensor", "")
 
 
 class Quantize(OutputQParams, torch.nn.Module):
@@ -46,10 +47,12 @@ class Quantize(OutputQParams, torch.nn.Module):
         return (self.dtype,)
 
     def forward(self, X: torch.Tensor):
-        if isinstance(X, torch.Tensor) and X.dtype in _REDUCED_FLOATS:
-            # torch.ao's message and type; quantizing a rounded input would change results.
+        if isinstance(X, torch.Tensor) and X.dtype is not torch.float32 \
+                and not isinstance(X, QTensor):
+            # torch.ao's message and type: a converted model quantizes float32 only (a half
+            # input would be rounded already, a double one silently narrowed)
             raise RuntimeError(f"Quantize only works on Float Tensor, got "
-                               f"{_TORCH_TYPE_NAMES[X.dtype]}")
+                               f"{_torch_type_name(X.dtype)}")
         if not torch.compiler.is_compiling():
             _cpu_compiled.note_model_call()  # (a layer-repeated shape is not yet "hot")
             if (type(X) is torch.Tensor and X.dtype is torch.float32 and not X.requires_grad

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Optional, Sequence
 
 import torch
 
@@ -126,6 +126,12 @@ def as_output_zero_point(value: Any, qdtypes: Sequence[_dt.QDType],
     return v
 
 
+def _version_of(t: torch.Tensor) -> Optional[int]:
+    """``t._version``, or None for an inference tensor (made under ``torch.inference_mode``),
+    which keeps no version counter."""
+    return None if t.is_inference() else t._version
+
+
 class NotScriptable:
     """Mixin: ``torch.jit.script`` refuses the module with a clear error (it calls
     ``__prepare_scriptable__`` on every submodule first) instead of compiling a forward that
@@ -243,7 +249,7 @@ class OutputQParams(NotScriptable):
     def _note_qparam_buffers(self) -> None:
         """Buffer storage: remember which buffers (and versions) the cached numbers match."""
         s, z = self._buffers[self._QPARAM_NAMES[0]], self._buffers[self._QPARAM_NAMES[1]]
-        object.__setattr__(self, "_qparam_buffers", (s, s._version, z, z._version))
+        object.__setattr__(self, "_qparam_buffers", (s, _version_of(s), z, _version_of(z)))
 
     def _sync_output_qparams(self) -> None:
         """Buffer storage: re-read the cached numbers from the buffers (validated)."""
@@ -260,8 +266,9 @@ class OutputQParams(NotScriptable):
         if self._QPARAM_STORAGE == "buffer" and not torch.compiler.is_compiling():
             s, z = self._buffers[self._QPARAM_NAMES[0]], self._buffers[self._QPARAM_NAMES[1]]
             seen = self._qparam_buffers
-            if s is not seen[0] or z is not seen[2] or s._version != seen[1] \
-                    or z._version != seen[3]:
+            # inference tensors keep no version (None): their numbers are re-read every call
+            if s is not seen[0] or z is not seen[2] or seen[1] is None or seen[3] is None \
+                    or s._version != seen[1] or z._version != seen[3]:
                 self._sync_output_qparams()
         return self._out_scale, self._out_zero_point
 
