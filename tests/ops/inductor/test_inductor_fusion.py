@@ -18,19 +18,28 @@ from torchquant.quantization.quantizer.x86_inductor_quantizer import (
 
 
 class ConvNet(nn.Module):
-    """conv+relu, conv+relu, max pool (its quantized output ends the graph, so the compiled
-    model's output is a dequantize of integers), then a Linear head."""
+    """conv+relu; a residual add onto the conv's own input (not fused: oneDNN would sum into
+    the input it reads); a two-conv residual block (the add+relu fused as oneDNN's in-place
+    sum); conv+ReLU6 (hardtanh); max pool, whose quantized output ends the graph (the compiled
+    model returns a dequantize of integers); a Linear head (float out)."""
 
     def __init__(self):
         super().__init__()
         self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
         self.conv2 = nn.Conv2d(16, 16, 3, padding=1)
-        self.relu1, self.relu2 = nn.ReLU(), nn.ReLU()
+        self.conv_a = nn.Conv2d(16, 16, 3, padding=1)
+        self.conv_b = nn.Conv2d(16, 16, 3, padding=1)
+        self.conv3 = nn.Conv2d(16, 16, 1)
+        self.relu1, self.relu2, self.relu_a, self.relu_b = (nn.ReLU() for _ in range(4))
+        self.relu6 = nn.ReLU6()
         self.pool = nn.MaxPool2d(2)
         self.fc = nn.Linear(16 * 4 * 4, 10)
 
     def forward(self, x):
-        y = self.pool(self.relu2(self.conv2(self.relu1(self.conv1(x)))))
+        y = self.relu1(self.conv1(x))
+        y = self.relu2(self.conv2(y) + y)
+        y = self.relu_b(self.conv_b(self.relu_a(self.conv_a(y))) + y)
+        y = self.pool(self.relu6(self.conv3(y)))
         return y, self.fc(torch.flatten(y, 1))
 
 
@@ -66,7 +75,8 @@ def test_tutorial_flow_fuses_into_onednn_with_eager_integers(converted):
         reference = converted(x)                                   # float conv on dequantized
         fused_eager = torchquant.compile(converted, use_torch_compile=False)(x)  # oneDNN, eager
     (pooled, logits), code = _compile_frozen(converted, x)
-    assert "onednn.qconv_pointwise" in code and "onednn.qlinear_pointwise" in code
+    assert code.count("onednn.qconv_pointwise") == 4 and "onednn.qlinear_pointwise" in code
+    assert "onednn.qconv2d_pointwise.binary" in code and "'hardtanh'" in code
     assert "torch.ops.torchquant" not in code
     assert "mkldnn._convolution_pointwise" not in code              # no conv left in float
     # the same oneDNN kernels as torchquant's fused eager ops: the same integers

@@ -97,19 +97,44 @@ def _weight(gm: fx.GraphModule, node: Any, axis_wanted: int) -> Optional[tuple]:
     return w.contiguous(), scale, zp
 
 
-def _tail(node: fx.Node) -> tuple[fx.Node, str, Optional[tuple]]:
-    """(last node replaced, post-op, (scale, zero point) of a quint8 quantize or None) of what
-    follows a conv / linear: an optional ReLU, then an optional per-tensor quantize."""
-    last, post_op = node, "none"
-    if len(last.users) == 1:
-        user = next(iter(last.users))
-        if _is(user, aten.relu.default):
-            last, post_op = user, "relu"
-    if len(last.users) == 1:
-        user = next(iter(last.users))
-        if (_is(user, _tq().quantize_per_tensor.default) and user.args[3] == "quint8"):
-            return user, post_op, (float(user.args[1]), int(user.args[2]))
-    return last, post_op, None
+def _single_user(node: fx.Node) -> Optional[fx.Node]:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def _unary(node: Optional[fx.Node]) -> Optional[tuple[str, list]]:
+    """oneDNN's name and scalars for a ReLU / hardtanh (ReLU6) node."""
+    if _is(node, aten.relu.default):
+        return "relu", []
+    if _is(node, aten.hardtanh.default):
+        lo, hi = (list(node.args[1:3]) + [-1.0, 1.0][len(node.args) - 1:])[:2]
+        return "hardtanh", [float(lo), float(hi)]
+    return None
+
+
+class _Tail:
+    """What follows a conv / linear, replaced with it: an optional add of another quint8
+    activation (convs), an optional ReLU / hardtanh, an optional quint8 quantize."""
+
+    def __init__(self, node: fx.Node, allow_add: bool) -> None:
+        self.last, self.unary, self.scalars = node, "none", []
+        self.other: Optional[tuple] = None
+        self.out: Optional[tuple[float, int]] = None
+        user = _single_user(node)
+        if allow_add and _is(user, aten.add.Tensor) and len(user.args) == 2 and not user.kwargs:
+            a, b = user.args
+            candidate = b if a is node else a
+            other = _activation(candidate) if candidate is not node else None
+            same = (other is not None and isinstance(candidate, fx.Node)
+                    and candidate.meta["val"].shape == node.meta["val"].shape)
+            if same:
+                self.last, self.other = user, other
+                user = _single_user(user)
+        unary = _unary(user)
+        if unary is not None and (self.other is None or unary[0] == "relu"):
+            self.last, (self.unary, self.scalars) = user, unary
+            user = _single_user(user)
+        if _is(user, _tq().quantize_per_tensor.default) and user.args[3] == "quint8":
+            self.last, self.out = user, (float(user.args[1]), int(user.args[2]))
 
 
 class _Graph:
@@ -152,18 +177,35 @@ def _fuse_conv(g: _Graph, node: fx.Node) -> bool:
         return False
     q_x, x_scale, x_zp = act
     w, w_scale, w_zp = weight
-    last, post_op, out_q = _tail(node)
+    tail = _Tail(node, allow_add=True)
+    if tail.other is not None and (tail.out is None or tail.other[0] is q_x):
+        # a float add, or the sum's accumulator would be the conv's own input (inductor
+        # reuses the accumulator's copy in place once its source is dead): fuse the conv only
+        tail = _Tail(node, allow_add=False)
     packed = torch.ops.onednn.qconv_prepack(w, w_scale, 1.0, 0, list(stride), list(padding),
                                             list(dilation), groups, None)
     gm_nodes = (g.constant(packed, node, "packed_conv_weight"),
-                g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"),
-                None if bias is None else g.constant(bias.to(torch.float32), node, "bias"))
-    out_scale, out_zp, out_dtype = (*out_q, torch.uint8) if out_q else (1.0, 0, torch.float32)
-    args = (q_x, x_scale, x_zp, *gm_nodes, list(stride), list(padding), list(dilation), groups,
-            out_scale, out_zp, out_dtype, post_op, [], "")
-    fake = _fake_like(last.meta["val"], torch.uint8 if out_q else torch.float32,
-                      torch.channels_last)
-    _replace(last, torch.ops.onednn.qconv_pointwise.default, args, fake)
+                g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"))
+    bias_node = None if bias is None else g.constant(bias.to(torch.float32), node, "bias")
+    geometry = (list(stride), list(padding), list(dilation), groups)
+    out_scale, out_zp, out_dtype = ((*tail.out, torch.uint8) if tail.out
+                                    else (1.0, 0, torch.float32))
+    fake = _fake_like(tail.last.meta["val"], out_dtype, torch.channels_last)
+    if tail.other is None:
+        args = (q_x, x_scale, x_zp, *gm_nodes, bias_node, *geometry, out_scale, out_zp,
+                out_dtype, tail.unary, tail.scalars, "")
+        _replace(tail.last, torch.ops.onednn.qconv_pointwise.default, args, fake)
+        return True
+    # oneDNN sums into its accumulator operand in place: give it a channels-last copy of the
+    # other addend's integers (as the eager op does), the graph's tensor stays unchanged
+    q_other, other_scale, other_zp = tail.other
+    with node.graph.inserting_before(tail.last):
+        accum = node.graph.call_function(aten.clone.default, (q_other,),
+                                         {"memory_format": torch.channels_last})
+    accum.meta["val"] = _fake_like(q_other.meta["val"], torch.uint8, torch.channels_last)
+    args = (q_x, x_scale, x_zp, *gm_nodes, accum, bias_node, *geometry, out_scale, out_zp,
+            out_dtype, other_scale, other_zp, "sum", 1.0, tail.unary, tail.scalars, "")
+    _replace(tail.last, torch.ops.onednn.qconv2d_pointwise.binary, args, fake)
     return True
 
 
@@ -190,16 +232,17 @@ def _fuse_linear(g: _Graph, node: fx.Node) -> bool:
         return False
     q_x, x_scale, x_zp = act
     w, w_scale, w_zp = weight
-    last, post_op, out_q = _tail(node)
+    tail = _Tail(node, allow_add=False)
     packed = torch.ops.onednn.qlinear_prepack(w, None)
     gm_nodes = (g.constant(packed, node, "packed_linear_weight"),
                 g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"),
                 None if bias is None else g.constant(bias.to(torch.float32), node, "bias"))
-    out_scale, out_zp, out_dtype = (*out_q, torch.uint8) if out_q else (1.0, 0, torch.float32)
-    args = (q_x, x_scale, x_zp, *gm_nodes, out_scale, out_zp, out_dtype, post_op, [], "")
-    fake = _fake_like(last.meta["val"], torch.uint8 if out_q else torch.float32,
-                      torch.contiguous_format)
-    _replace(last, torch.ops.onednn.qlinear_pointwise.default, args, fake)
+    out_scale, out_zp, out_dtype = ((*tail.out, torch.uint8) if tail.out
+                                    else (1.0, 0, torch.float32))
+    args = (q_x, x_scale, x_zp, *gm_nodes, out_scale, out_zp, out_dtype, tail.unary,
+            tail.scalars, "")
+    fake = _fake_like(tail.last.meta["val"], out_dtype, torch.contiguous_format)
+    _replace(tail.last, torch.ops.onednn.qlinear_pointwise.default, args, fake)
     return True
 
 
@@ -233,9 +276,13 @@ def _handler(rewrite: Callable[[_Graph, fx.Node], bool], needs_exact_onednn: boo
         from ...kernels.linear import onednn_u8s8_exact
         node = match.output_node()
         gm = node.graph.owning_module
-        if gm is None or (needs_exact_onednn and not onednn_u8s8_exact()):
+        if gm is None:
             return
-        with unset_fake_temporarily():  # packs and folds the real frozen tensors
+        # real tensors: the pass packs and folds the frozen constants, and the oneDNN probe
+        # behind onednn_u8s8_exact (measured once, cached) must not run on fake tensors
+        with unset_fake_temporarily():
+            if needs_exact_onednn and not onednn_u8s8_exact():
+                return
             if rewrite(_Graph(gm), node):
                 _erase_dead(node)
     return handler
