@@ -87,6 +87,12 @@ def test_tutorial_flow_fuses_into_onednn_with_eager_integers(converted):
     scale = (reference[0][reference[0] > 0].min()).item()
     steps = _steps(pooled, reference[0], scale)
     assert steps.max() <= 1 and (steps > 0).float().mean() < 0.01
+    # torchquant.compile takes the same path (freezing for that compile only)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        again = torchquant.compile(converted)(x)
+    assert torch.equal(again[0], pooled)
+    assert not inductor_config.freezing
 
 
 def test_saturating_cpu_keeps_the_float_conv(converted, monkeypatch):

@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import fx
 
-from ... import dtypes as _dt
+from ...kernels import linear as _klinear
 
 __all__ = ["register"]
 
@@ -209,6 +209,63 @@ def _fuse_conv(g: _Graph, node: fx.Node) -> bool:
     return True
 
 
+def _op_arguments(node: fx.Node) -> dict[str, Any]:
+    """A custom-op node's arguments by name, defaults filled in."""
+    schema = node.target._schema
+    bound = {}
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args):
+            bound[arg.name] = node.args[i]
+        elif arg.name in node.kwargs:
+            bound[arg.name] = node.kwargs[arg.name]
+        else:
+            bound[arg.name] = arg.default_value
+    return bound
+
+
+def _fuse_torchquant_conv(g: _Graph, node: fx.Node) -> bool:
+    """``torchquant::conv`` (what eager- and FX-converted modules, and lowered PT2E graphs,
+    call) as the oneDNN call its eager kernel makes, the weight prepacked at freezing."""
+    a = _op_arguments(node)
+    x = a["x"]
+    w = _constant(g.gm, a["weight"])
+    scale, zp = _constant(g.gm, a["weight_scale"]), _constant(g.gm, a["weight_zero_point"])
+    bias = _constant(g.gm, a["bias"]) if a["bias"] is not None else None
+    val = x.meta.get("val") if isinstance(x, fx.Node) else None
+    post_op, other = a["post_op"], a["other"]
+    if (val is None or val.dtype != torch.uint8 or val.dim() != 4 or w is None or scale is None
+            or zp is None or w.dtype != torch.int8 or bool(zp.ne(0).any())
+            or (a["bias"] is not None and bias is None)
+            or post_op not in ("none", "relu", "add", "add_relu")
+            or (other is not None and (other is x or other.meta["val"].dtype != torch.uint8))):
+        return False
+    channels = w.size(0)
+    w_scale = scale.to(torch.float32).reshape(-1).expand(channels).contiguous()
+    w_zp = zp.to(torch.int64).reshape(-1).expand(channels).contiguous()
+    geometry = (list(a["stride"]), list(a["padding"]), list(a["dilation"]), a["groups"])
+    packed = torch.ops.onednn.qconv_prepack(w.contiguous(), w_scale, 1.0, 0, *geometry, None)
+    weight_nodes = (g.constant(packed, node, "packed_conv_weight"),
+                    g.constant(w_scale, node, "weight_scale"),
+                    g.constant(w_zp, node, "weight_zp"))
+    bias_node = None if bias is None else g.constant(bias.to(torch.float32), node, "bias")
+    head = (x, float(a["x_scale"]), int(a["x_zero_point"]), *weight_nodes)
+    out = (float(a["out_scale"]), int(a["out_zero_point"]), torch.uint8)
+    fake = _fake_like(node.meta["val"], torch.uint8, torch.channels_last)
+    if other is None:
+        _replace(node, torch.ops.onednn.qconv_pointwise.default,
+                 (*head, bias_node, *geometry, *out, post_op, [], ""), fake)
+        return True
+    with node.graph.inserting_before(node):
+        accum = node.graph.call_function(aten.clone.default, (other,),
+                                         {"memory_format": torch.channels_last})
+    accum.meta["val"] = _fake_like(other.meta["val"], torch.uint8, torch.channels_last)
+    args = (*head, accum, bias_node, *geometry, *out, float(a["other_scale"]),
+            int(a["other_zero_point"]), "sum", 1.0,
+            "relu" if post_op == "add_relu" else "none", [], "")
+    _replace(node, torch.ops.onednn.qconv2d_pointwise.binary, args, fake)
+    return True
+
+
 def _linear_operands(node: fx.Node) -> Optional[tuple]:
     """(x, transposed weight, bias or None) of an ``addmm`` / ``mm`` node."""
     if _is(node, aten.addmm.default) and len(node.args) == 3 and not node.kwargs:
@@ -273,7 +330,6 @@ def _handler(rewrite: Callable[[_Graph, fx.Node], bool], needs_exact_onednn: boo
     def handler(match: Any, *args: Any, **kwargs: Any) -> None:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-        from ...kernels.linear import onednn_u8s8_exact
         node = match.output_node()
         gm = node.graph.owning_module
         if gm is None:
@@ -281,7 +337,7 @@ def _handler(rewrite: Callable[[_Graph, fx.Node], bool], needs_exact_onednn: boo
         # real tensors: the pass packs and folds the frozen constants, and the oneDNN probe
         # behind onednn_u8s8_exact (measured once, cached) must not run on fake tensors
         with unset_fake_temporarily():
-            if needs_exact_onednn and not onednn_u8s8_exact():
+            if needs_exact_onednn and not _klinear.onednn_u8s8_exact():
                 return
             if rewrite(_Graph(gm), node):
                 _erase_dead(node)
@@ -299,6 +355,10 @@ def _fold_rewrite(g: _Graph, node: fx.Node) -> bool:
     return _fold(g.gm, node)
 
 
+def _always(match: Any) -> bool:
+    return True
+
+
 def _weight_is_frozen(match: Any) -> bool:
     node = match.output_node()
     gm = node.graph.owning_module
@@ -310,19 +370,20 @@ def register() -> None:
     patterns of inductor's first freezing pass, before its own conv / linear packing."""
     from torch._inductor.constant_folding import add_dont_constant_fold
     from torch._inductor.fx_passes.freezing_patterns import pass_patterns
-    from torch._inductor.pattern_matcher import (Arg, CallFunction, MULTIPLE,
+    from torch._inductor.pattern_matcher import (MULTIPLE, CallFunctionVarArgs,
                                                  register_graph_pattern)
     tq = _tq()
     add_dont_constant_fold(tq.dequantize_per_channel.default)
     add_dont_constant_fold(tq.dequantize_per_tensor.default)
     # the pass visits nodes last to first: every conv / linear is tried before the weight
     # dequantizes that feed it are folded
-    for target, arity, check, rewrite, exact in (
-            (aten.convolution.default, 9, _x_is_dequantized, _fuse_conv, True),
-            (aten.addmm.default, 3, _x_is_dequantized, _fuse_linear, True),
-            (aten.mm.default, 2, _x_is_dequantized, _fuse_linear, True),
-            (tq.dequantize_per_channel.default, 4, _weight_is_frozen, _fold_rewrite, False),
-            (tq.dequantize_per_tensor.default, 3, _weight_is_frozen, _fold_rewrite, False)):
-        pattern = CallFunction(target, *[Arg() for _ in range(arity)], _users=MULTIPLE)
+    for target, check, rewrite, exact in (
+            (tq.conv.default, _always, _fuse_torchquant_conv, True),
+            (aten.convolution.default, _x_is_dequantized, _fuse_conv, True),
+            (aten.addmm.default, _x_is_dequantized, _fuse_linear, True),
+            (aten.mm.default, _x_is_dequantized, _fuse_linear, True),
+            (tq.dequantize_per_channel.default, _weight_is_frozen, _fold_rewrite, False),
+            (tq.dequantize_per_tensor.default, _weight_is_frozen, _fold_rewrite, False)):
+        pattern = CallFunctionVarArgs(target, users=MULTIPLE)
         register_graph_pattern(pattern, extra_check=check, pass_dict=pass_patterns[0],
                                prepend=True)(_handler(rewrite, exact))
