@@ -1,13 +1,19 @@
 """torchquant against every peer, on the same model and data, side by side in one process.
 
-    .venv/bin/python bench/bench_peers.py [--quick] [--only cnn,minilm,lstm]
+    .venv/bin/python bench/bench_peers.py [--quick] [--only tutorial,cnn,minilm,lstm]
 
-Two threads.  For each workload every implementation is built from the same float model and
+Two threads (the tutorial workload also one).  The header names the CPU and its int8-relevant
+flags.  For each workload every implementation is built from the same float model and
 timed interleaved with the others (bench_kernels.best_times); each row prints its time, its
 ratio to float eager and to each peer (smaller is faster), and its fidelity to float (output
 SQNR in dB for the CNN and the LSTM, mean embedding cosine for MiniLM).
 
 Workloads (``--quick``: smaller inputs and budgets, to check that everything runs):
+
+* the torchao PT2E tutorial renamed: ResNet-18-shaped (width 32) and MobileNetV2-shaped
+  (width 0.5) CNNs on 3x32x32, batch 1 / 16 / 64 (quick: 1 / 4), 2 threads and 1 thread:
+  float eager; torchao PT2E + plain ``torch.compile`` with inductor freezing; the same steps
+  with torchquant's names; ``torchquant.compile`` of the torchquant PT2E model.
 
 * ResNet-18-shaped CNN, static int8, batch 1 and 16 (224x224; quick: 64x64, batch 1 and 4):
   float eager; torch.ao eager (x86, fused, get_default_qconfig('x86')); torch.ao FX (x86
