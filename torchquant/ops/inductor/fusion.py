@@ -1,17 +1,21 @@
-"""Inductor freezing pass: dequantize -> conv / linear (-> ReLU) -> quantize as one oneDNN call.
+"""Inductor freezing pass: dequantize -> conv / linear -> quantize as one oneDNN int8 call.
 
-A ``convert_pt2e`` graph (and torchquant's exported graphs) spell an int8 conv as float math
-between torchquant's quantize / dequantize ops.  Under ``torch.compile`` with inductor freezing
-this pass finds, in the frozen graph,
+A ``convert_pt2e`` graph spells an int8 conv as float math between torchquant's quantize /
+dequantize ops.  Under ``torch.compile`` with inductor freezing this pass finds, in the frozen
+graph,
 
     dequantize_per_tensor(x_u8) ─┐
-    dequantize_per_channel(w_s8) ┴─ convolution (+ bias) [-> relu] [-> quantize_per_tensor]
+    dequantize_per_channel(w_s8) ┴─ convolution (+ bias) [-> add(dequantize(other_u8))]
+                                    [-> relu | hardtanh] [-> quantize_per_tensor]
 
-(and the same with ``addmm`` / ``mm`` of a transposed weight for Linear) and replaces it with
-``torch.ops.onednn.qconv_pointwise`` / ``qlinear_pointwise`` on the integers, with the weight
+(and ``addmm`` / ``mm`` of a transposed dequantized weight for Linear, without the add) and
+replaces it with ``onednn.qconv_pointwise`` / ``qconv2d_pointwise.binary`` (the add as oneDNN's
+in-place sum into a copy of the other addend; not where that addend is the conv's own input,
+which oneDNN would overwrite while reading) / ``qlinear_pointwise`` on the integers, the weight
 prepacked here, once, from the frozen constants.  Without a quantize after it the call writes
-float32 (oneDNN's requantization step is skipped).  The weight dequantizes it does not consume
-are folded to float constants afterwards (torch's own folding is told to leave them, so the
+float32.  ``torchquant::conv`` nodes whose weights are frozen constants (an exported eager- or
+FX-converted model) become the oneDNN call their eager kernel makes.  The weight dequantizes
+left unfused are folded to float constants (torch's own folding is told to leave them, so the
 int8 weights are still there when the pass runs).
 
 Only where oneDNN's u8 x s8 products are exact on this CPU
@@ -20,8 +24,8 @@ CPUs whose oneDNN saturates, the graph keeps its float conv on dequantized value
 what the eager ``convert_pt2e`` model computes.  oneDNN requantizes its int32 accumulator in
 float32 with its own operation order, so a fused output can differ from the eager graph's
 (float conv, then quantize) by one step where the float result lies within rounding of a
-half-integer; it equals torchquant's own fused ops (``torchquant::conv`` / ``linear``), which
-call the same oneDNN kernels.
+half-integer (bounded in the tests); it equals torchquant's own fused ops, which call the same
+oneDNN kernels.
 """
 from __future__ import annotations
 
