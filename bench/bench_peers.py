@@ -1,13 +1,19 @@
 """torchquant against every peer, on the same model and data, side by side in one process.
 
-    .venv/bin/python bench/bench_peers.py [--quick] [--only cnn,minilm,lstm]
+    .venv/bin/python bench/bench_peers.py [--quick] [--only tutorial,cnn,minilm,lstm]
 
-Two threads.  For each workload every implementation is built from the same float model and
+Two threads (the tutorial workload also one).  The header names the CPU and its int8-relevant
+flags.  For each workload every implementation is built from the same float model and
 timed interleaved with the others (bench_kernels.best_times); each row prints its time, its
 ratio to float eager and to each peer (smaller is faster), and its fidelity to float (output
 SQNR in dB for the CNN and the LSTM, mean embedding cosine for MiniLM).
 
 Workloads (``--quick``: smaller inputs and budgets, to check that everything runs):
+
+* the torchao PT2E tutorial renamed: ResNet-18-shaped (width 32) and MobileNetV2-shaped
+  (width 0.5) CNNs on 3x32x32, batch 1 / 16 / 64 (quick: 1 / 4), 2 threads and 1 thread:
+  float eager; torchao PT2E + plain ``torch.compile`` with inductor freezing; the same steps
+  with torchquant's names; ``torchquant.compile`` of the torchquant PT2E model.
 
 * ResNet-18-shaped CNN, static int8, batch 1 and 16 (224x224; quick: 64x64, batch 1 and 4):
   float eager; torch.ao eager (x86, fused, get_default_qconfig('x86')); torch.ao FX (x86
@@ -397,19 +403,138 @@ def lstm(quick: bool, timing: dict, tmp: str) -> None:
            "SQNR dB", timing)
 
 
+# ---- the torchao PT2E tutorial, renamed (plain torch.compile + freezing) -----------------------
+
+class _InvertedResidual(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+        super().__init__()
+        hidden = cin * expand
+        layers: list[nn.Module] = []
+        if expand != 1:
+            layers += [nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6()]
+        layers += [nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
+                   nn.BatchNorm2d(hidden), nn.ReLU6(),
+                   nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout)]
+        self.conv = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv(x) if self.residual else self.conv(x)
+
+
+class MobileNetV2Shaped(nn.Module):
+    """torchvision's MobileNetV2 layout (ReLU6, residual adds, Linear head) at a width
+    multiplier, written here (torchvision is not a dependency)."""
+
+    SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                (6, 160, 3, 2), (6, 320, 1, 1)]
+
+    def __init__(self, width: float = 1.0, num_classes: int = 1000) -> None:
+        super().__init__()
+        c = lambda v: max(8, int(v * width + 4) // 8 * 8)  # noqa: E731
+        cin = c(32)
+        layers: list[nn.Module] = [nn.Conv2d(3, cin, 3, 2, 1, bias=False), nn.BatchNorm2d(cin),
+                                   nn.ReLU6()]
+        for expand, cout, repeat, stride in self.SETTINGS:
+            for i in range(repeat):
+                layers.append(_InvertedResidual(cin, c(cout), stride if i == 0 else 1, expand))
+                cin = c(cout)
+        last = max(1280, c(1280))
+        layers += [nn.Conv2d(cin, last, 1, bias=False), nn.BatchNorm2d(last), nn.ReLU6()]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(last, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.adaptive_avg_pool2d(self.features(x), 1)
+        return self.classifier(torch.flatten(x, 1))
+
+
+def _cpu_flags() -> str:
+    """The CPU model and its SIMD flags that matter for int8 (from /proc/cpuinfo)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown CPU"
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                  if line.startswith("model name")), "unknown CPU")
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines()
+                      if line.startswith("flags")), []))
+    wanted = ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni",
+              "avx512_bf16", "amx_int8", "amx_bf16"]
+    return f"{model}; flags: {' '.join(f for f in wanted if f in flags)}"
+
+
+def _pt2e_tutorial(lib: str, float_model: nn.Module, example: tuple, calib: list) -> nn.Module:
+    """The torchao PT2E tutorial's steps with ``lib``'s names (torchao or torchquant):
+    export, prepare with X86InductorQuantizer, calibrate, convert."""
+    if lib == "torchao":
+        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    else:
+        import torchquant.quantization.quantizer.x86_inductor_quantizer as xiq
+        from torchquant.quantization.quantize_pt2e import convert_pt2e, prepare_pt2e
+    batch = ({0: torch.export.Dim("batch", max=1024)},)
+    exported = torch.export.export(copy.deepcopy(float_model), example,
+                                   dynamic_shapes=batch).module()
+    quantizer = xiq.X86InductorQuantizer().set_global(
+        xiq.get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(exported, quantizer)
+    with torch.no_grad():
+        for c in calib:
+            prepared(c)
+    return convert_pt2e(prepared)
+
+
+def tutorial(quick: bool, timing: dict, tmp: str) -> None:
+    """ResNet-18-shaped (width 32) and MobileNetV2-shaped (width 0.5) CNNs on 3x32x32 inputs,
+    batch 1 / 16 / 64: float eager, torchao's PT2E tutorial (plain ``torch.compile`` with
+    ``freezing``), the same tutorial with torchquant's names, and ``torchquant.compile``.
+    Timed with 2 threads and with 1 thread."""
+    import torchquant
+    from torchquant.examples.resnet import ResNet18, randomize_bn
+    batches = (1, 4) if quick else (1, 16, 64)
+    models = {"ResNet-18-shaped (width 32)": lambda: randomize_bn(ResNet18(width=32)),
+              "MobileNetV2-shaped (width 0.5)": lambda: randomize_bn(MobileNetV2Shaped(0.5))}
+    for title, make in models.items():
+        torch.manual_seed(0)
+        float_model = make().eval()
+        calib = [torch.randn(4, 3, 32, 32) for _ in range(2)]
+        inputs = {f"batch {b}": torch.randn(b, 3, 32, 32) for b in batches}
+        impls: dict[str, Callable] = {"float": float_model}
+        warm_inputs = list(inputs.values())
+
+        def compiled(lib: str) -> Callable:
+            model = _pt2e_tutorial(lib, float_model, (calib[0],), calib)
+            return _warm(torch.compile(model), warm_inputs, freezing=True)
+
+        _try("torchao PT2E", lambda: compiled("torchao"), impls)
+        _try("torchquant PT2E (tutorial)", lambda: compiled("torchquant"), impls)
+        _try("torchquant.compile PT2E",
+             lambda: _warm(torchquant.compile(_pt2e_tutorial("torchquant", float_model,
+                                                             (calib[0],), calib)),
+                           warm_inputs), impls)
+        threads = torch.get_num_threads()
+        for n in (threads, 1):
+            torch.set_num_threads(n)
+            report(f"{title}, static int8, PT2E tutorial flow, {n} thread(s)", impls, inputs,
+                   sqnr_db, "SQNR dB", timing)
+        torch.set_num_threads(threads)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small inputs and budgets")
-    parser.add_argument("--only", default="cnn,minilm,lstm",
-                        help="comma-separated workloads (cnn, minilm, lstm)")
+    parser.add_argument("--only", default="tutorial,cnn,minilm,lstm",
+                        help="comma-separated workloads (tutorial, cnn, minilm, lstm)")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     torch.backends.quantized.engine = "x86"
     timing = {"budget_s": 0.3 if args.quick else 3.0, "block_s": 0.02 if args.quick else 0.05}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"CPU {torch.backends.cpu.get_cpu_capability()}")
+    print(_cpu_flags())
     print("ratios: row time / column time (smaller is faster)")
-    workloads = {"cnn": cnn, "minilm": minilm, "lstm": lstm}
+    workloads = {"tutorial": tutorial, "cnn": cnn, "minilm": minilm, "lstm": lstm}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only.split(","):
             print(f"\n## {name}")

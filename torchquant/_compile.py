@@ -1,23 +1,18 @@
 """``torchquant.compile``: the fastest way to run a converted model.
 
-A PT2E model (the ``GraphModule`` ``convert_pt2e`` returns, or an ``ExportedProgram`` of one)
-is first lowered (:func:`torchquant.quantization.pt2e.lowering.lower_pt2e`: each
-dequantize -> conv / linear (+ relu / add / add+relu) -> quantize becomes one fused int8 op with
-its weight packed once; requantize pairs vanish), then handed to ``torch.compile`` (inductor),
-which fuses what is left (activation quantize / dequantize, pooling, the float head).  An
-eager-converted module (``torchquant.quantization.convert``) already calls the fused ops and
-only goes to ``torch.compile`` (exporting it first gains nothing: its graph has no
-dequantize -> conv -> quantize left to fuse).
+On CPUs whose oneDNN u8 x s8 products are exact (VNNI, AMX) a PT2E model goes to
+``torch.compile`` with inductor freezing turned on for that compile; torchquant's freezing pass
+(:mod:`torchquant.ops.inductor.fusion`) turns its dequantize -> conv / linear (+ relu /
+hardtanh / add / add+relu) -> quantize into oneDNN int8 calls with their weights prepacked at
+freezing; quantize / dequantize left over become fused C++
+(:mod:`torchquant.ops.inductor.elementwise`).  No Python runs per op in those parts of the
+compiled forward.  (The pass also rewrites ``torchquant::conv`` calls whose weights are frozen
+constants, e.g. in an exported eager-converted model compiled with freezing.)
 
-Where compiling does not pay (measured on the digits CNN at batch 1, 2026-12-03, AVX2, one
-thread, CPU time): eager 0.86-0.91 ms, compiled 0.94-1.13 ms, torch.ao 0.16 ms.  The graph
-has no breaks; dynamo's guards cost ~0.07 ms a call; ``dynamic=False`` and ``freezing`` change
-nothing measurable.  The time is in the ops the graph calls: each ``torchquant::*`` op runs
-its eager Python implementation behind the dispatcher (the eager modules instead reuse
-per-layer plans bound on their first call), and oneDNN's qconv / qlinear cost 40-110 us a call
-at these sizes against 6-12 us for torch.ao's kernels.  At larger batches compiling pays (the
-digits CNN at batch 450: compiled 0.46x eager's time).  The demo times both and says which is
-faster.
+Elsewhere (oneDNN saturates u8 x s8 pairs; another backend or a ``mode``) a PT2E model is first
+lowered (:func:`torchquant.quantization.pt2e.lowering.lower_pt2e`: each dequantize -> conv /
+linear -> quantize becomes one fused torchquant op, exact on every CPU, its weight packed once)
+and then compiled.  Timings are in BENCHMARKS.md.
 """
 from __future__ import annotations
 
@@ -26,6 +21,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule
 
+from .kernels import linear as _klinear
 from .quantization.pt2e.lowering import lower_pt2e
 
 __all__ = ["compile"]
@@ -40,7 +36,15 @@ def _is_pt2e_converted(model: torch.nn.Module) -> bool:
 
 def compile(model: Any, *, lower: bool = True, use_torch_compile: bool = True,
             inplace: bool = False, **compile_kwargs: Any) -> Any:
-    """Lower a converted model onto torchquant's fused int8 ops, then ``torch.compile`` it.
+    """Compile a converted model onto int8 kernels.
+
+    A PT2E graph goes to ``torch.compile`` with inductor freezing (for this compile only; the
+    global inductor config is not touched), whose torchquant pass turns each dequantize ->
+    conv / linear -> quantize into a oneDNN int8 call with its weight prepacked (call the
+    compiled model under ``torch.no_grad()`` or ``torch.inference_mode()``: inductor freezes
+    inference graphs only).  Where that pass does not apply (oneDNN inexact on this CPU,
+    another backend, a ``mode``) it is first lowered onto torchquant's fused ops.  Other
+    modules (eager- / FX-converted) are compiled as they are.
 
     ``model``: a ``convert_pt2e`` output (``GraphModule``), a ``torch.export.ExportedProgram``
     of one, or any module (an eager-converted one: not lowered, compiled).  ``lower=False``
@@ -50,9 +54,30 @@ def compile(model: Any, *, lower: bool = True, use_torch_compile: bool = True,
     """
     if isinstance(model, torch.export.ExportedProgram):
         model, inplace = model.module(), True
-    if lower and _is_pt2e_converted(model):
+    pt2e = _is_pt2e_converted(model)
+    fused_by_inductor = pt2e and use_torch_compile and _inductor_fuses(compile_kwargs)
+    if lower and pt2e and not fused_by_inductor:
         model = lower_pt2e(model, inplace=inplace)
     if not use_torch_compile:
         return model
     compile_kwargs.setdefault("backend", "inductor")
+    if not fused_by_inductor:
+        return torch.compile(model, **compile_kwargs)
+    options = dict(compile_kwargs.get("options") or {})
+    options.setdefault("freezing", True)
+    compile_kwargs["options"] = options
     return torch.compile(model, **compile_kwargs)
+
+
+def _inductor_fuses(compile_kwargs: dict) -> bool:
+    """Whether inductor's freezing pass (:mod:`torchquant.ops.inductor.fusion`) will turn the
+    graph's int8 convs / linears into oneDNN calls: inductor is the backend, freezing can be
+    turned on for this compile (no ``mode``, which excludes ``options``), and oneDNN's u8 x s8
+    products are exact on this CPU.  Elsewhere the PT2E graph is lowered onto torchquant's
+    fused ops first (exact on every CPU)."""
+    backend = compile_kwargs.get("backend", "inductor")
+    if backend != "inductor" or "mode" in compile_kwargs:
+        return False
+    if (compile_kwargs.get("options") or {}).get("freezing") is False:
+        return False
+    return _klinear.onednn_u8s8_exact()

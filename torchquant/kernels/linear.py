@@ -130,8 +130,11 @@ def onednn_u8_exact_max() -> int:
 def _onednn_u8_exact_max_measured() -> int:
     if not onednn_available():
         return -1
+    from torch.utils._python_dispatch import _disable_current_modes
     try:
-        with torch.no_grad():
+        # real tensors even when first asked during a trace (export's fake / proxy modes):
+        # the answer is cached for the process
+        with _disable_current_modes(), torch.no_grad():
             if _onednn_linear_exact(255, 127) and _onednn_conv_exact(255, 127):
                 return _FULL_U8_MAX
             if (_onednn_linear_exact(ONEDNN_SAFE_U8_MAX, -128)

@@ -1,0 +1,111 @@
+"""Plain torch.compile with inductor freezing (the PT2E tutorial's settings) turns a torchquant
+``convert_pt2e`` model's dequantize -> conv / linear -> quantize into oneDNN int8 calls with
+prepacked weights; no Python-implemented torchquant op is left in the generated code.
+(ops/inductor/fusion.py)"""
+import copy
+
+import pytest
+import torch
+import torch._inductor.config as inductor_config
+import torch.nn as nn
+from torch._inductor.utils import run_and_get_code
+
+import torchquant
+import torchquant.kernels.linear as klinear
+from torchquant.quantization.quantize_pt2e import convert_pt2e, prepare_pt2e
+from torchquant.quantization.quantizer.x86_inductor_quantizer import (
+    X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+
+
+class ConvNet(nn.Module):
+    """conv+relu; a residual add onto the conv's own input (not fused: oneDNN would sum into
+    the input it reads); a two-conv residual block (the add+relu fused as oneDNN's in-place
+    sum); conv+ReLU6 (hardtanh); max pool, whose quantized output ends the graph (the compiled
+    model returns a dequantize of integers); a Linear head (float out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1)
+        self.conv_a = nn.Conv2d(16, 16, 3, padding=1)
+        self.conv_b = nn.Conv2d(16, 16, 3, padding=1)
+        self.conv3 = nn.Conv2d(16, 16, 1)
+        self.relu1, self.relu2, self.relu_a, self.relu_b = (nn.ReLU() for _ in range(4))
+        self.relu6 = nn.ReLU6()
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x):
+        y = self.relu1(self.conv1(x))
+        y = self.relu2(self.conv2(y) + y)
+        y = self.relu_b(self.conv_b(self.relu_a(self.conv_a(y))) + y)
+        y = self.pool(self.relu6(self.conv3(y)))
+        return y, self.fc(torch.flatten(y, 1))
+
+
+@pytest.fixture(scope="module")
+def converted():
+    torch.manual_seed(0)
+    model = ConvNet().eval()
+    example = (torch.randn(2, 3, 8, 8),)
+    batch = ({0: torch.export.Dim("batch", max=64)},)
+    exported = torch.export.export(model, example, dynamic_shapes=batch).module()
+    prepared = prepare_pt2e(exported, X86InductorQuantizer().set_global(
+        get_default_x86_inductor_quantization_config()))
+    for _ in range(3):
+        prepared(torch.randn(4, 3, 8, 8))
+    return convert_pt2e(prepared)
+
+
+def _compile_frozen(model, x):
+    torch._dynamo.reset()
+    with inductor_config.patch(freezing=True, fx_graph_cache=False), torch.no_grad():
+        out, code = run_and_get_code(torch.compile(copy.deepcopy(model)), x)
+    return out, "".join(code)
+
+
+def _steps(a, b, scale):
+    return ((a - b).abs() / scale).round()
+
+
+@pytest.mark.skipif(not klinear.onednn_u8s8_exact(), reason="oneDNN u8 x s8 inexact here")
+def test_tutorial_flow_fuses_into_onednn_with_eager_integers(converted):
+    x = torch.randn(3, 3, 8, 8)
+    with torch.no_grad():
+        reference = converted(x)                                   # float conv on dequantized
+        fused_eager = torchquant.compile(converted, use_torch_compile=False)(x)  # oneDNN, eager
+    (pooled, logits), code = _compile_frozen(converted, x)
+    assert code.count("onednn.qconv_pointwise") == 4 and "onednn.qlinear_pointwise" in code
+    assert "onednn.qconv2d_pointwise.binary" in code and "'hardtanh'" in code
+    assert "torch.ops.torchquant" not in code
+    assert "mkldnn._convolution_pointwise" not in code              # no conv left in float
+    # the same oneDNN kernels as torchquant's fused eager ops: the same integers
+    assert torch.equal(pooled, fused_eager[0])
+    torch.testing.assert_close(logits, fused_eager[1], rtol=1e-5, atol=1e-5)
+    # against the float-conv reference oneDNN's requantization rounds a value within float
+    # rounding of a half-integer the other way: at most one step, on few elements
+    scale = (reference[0][reference[0] > 0].min()).item()
+    steps = _steps(pooled, reference[0], scale)
+    assert steps.max() <= 1 and (steps > 0).float().mean() < 0.01
+    # torchquant.compile takes the same path (freezing for that compile only)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        again = torchquant.compile(converted)(x)
+    assert torch.equal(again[0], pooled)
+    assert not inductor_config.freezing
+
+
+def test_saturating_cpu_keeps_the_float_conv(converted, monkeypatch):
+    """Where oneDNN's u8 x s8 products saturate (AVX2 without VNNI) the pass leaves the graph's
+    float conv on dequantized values (what the eager model computes); still no Python op."""
+    monkeypatch.setattr(klinear, "onednn_u8s8_exact", lambda: False)
+    x = torch.randn(3, 3, 8, 8)
+    with torch.no_grad():
+        reference = converted(x)
+    (pooled, logits), code = _compile_frozen(converted, x)
+    assert "qconv_pointwise" not in code and "qlinear_pointwise" not in code
+    assert "torch.ops.torchquant" not in code
+    scale = (reference[0][reference[0] > 0].min()).item()
+    steps = _steps(pooled, reference[0], scale)   # float conv kernels may differ in the last bit
+    assert steps.max() <= 1 and (steps > 0).float().mean() < 0.01
+    torch.testing.assert_close(logits, reference[1], rtol=1e-3, atol=1e-3)

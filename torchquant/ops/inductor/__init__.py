@@ -1,0 +1,26 @@
+"""What inductor makes of torchquant's ops: lowerings and fusion passes, installed once.
+
+* :mod:`.elementwise`: per-tensor / per-channel quantize and dequantize become pointwise
+  inductor nodes (C++ it fuses), with eager mode's rounding.
+* :mod:`.fusion`: dequantize -> conv / linear (-> ReLU / add / add+ReLU) -> quantize becomes
+  one oneDNN int8 call whose weight is prepacked at freezing.
+
+Both are registered when torchquant is imported, keyed on torchquant's own ops: torch's other
+graphs are untouched and no inductor configuration value is changed.
+"""
+from __future__ import annotations
+
+from . import elementwise, fusion
+
+__all__ = ["register"]
+
+_REGISTERED = False
+
+
+def register() -> None:
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    elementwise.register()
+    fusion.register()
+    _REGISTERED = True

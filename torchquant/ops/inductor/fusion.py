@@ -1,0 +1,393 @@
+"""Inductor freezing pass: dequantize -> conv / linear -> quantize as one oneDNN int8 call.
+
+A ``convert_pt2e`` graph spells an int8 conv as float math between torchquant's quantize /
+dequantize ops.  Under ``torch.compile`` with inductor freezing this pass finds, in the frozen
+graph,
+
+    dequantize_per_tensor(x_u8) ─┐
+    dequantize_per_channel(w_s8) ┴─ convolution (+ bias) [-> add(dequantize(other_u8))]
+                                    [-> relu | hardtanh] [-> quantize_per_tensor]
+
+(and ``addmm`` / ``mm`` of a transposed dequantized weight for Linear, without the add) and
+replaces it with ``onednn.qconv_pointwise`` / ``qconv2d_pointwise.binary`` (the add as oneDNN's
+in-place sum into a copy of the other addend; not where that addend is the conv's own input,
+which oneDNN would overwrite while reading) / ``qlinear_pointwise`` on the integers, the weight
+prepacked here, once, from the frozen constants.  Without a quantize after it the call writes
+float32.  ``torchquant::conv`` nodes whose weights are frozen constants (an exported eager- or
+FX-converted model) become the oneDNN call their eager kernel makes.  The weight dequantizes
+left unfused are folded to float constants (torch's own folding is told to leave them, so the
+int8 weights are still there when the pass runs).
+
+Only where oneDNN's u8 x s8 products are exact on this CPU
+(:func:`torchquant.kernels.linear.onednn_u8s8_exact`, decided when the graph is compiled): on
+CPUs whose oneDNN saturates, the graph keeps its float conv on dequantized values, which is
+what the eager ``convert_pt2e`` model computes.  oneDNN requantizes its int32 accumulator in
+float32 with its own operation order, so a fused output can differ from the eager graph's
+(float conv, then quantize) by one step where the float result lies within rounding of a
+half-integer (bounded in the tests); it equals torchquant's own fused ops, which call the same
+oneDNN kernels.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch import fx
+
+from ...kernels import linear as _klinear
+
+__all__ = ["register"]
+
+aten = torch.ops.aten
+
+
+def _tq():
+    return torch.ops.torchquant
+
+
+def _is(node: Any, target: Any) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target is target
+
+
+def _constant(gm: fx.GraphModule, node: Any) -> Optional[torch.Tensor]:
+    """The frozen tensor a ``get_attr`` node reads, else None."""
+    if not (isinstance(node, fx.Node) and node.op == "get_attr"):
+        return None
+    value = gm
+    for part in str(node.target).split("."):
+        value = getattr(value, part, None)
+        if value is None:
+            return None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _activation(node: Any) -> Optional[tuple]:
+    """(uint8 integers node, scale, zero point) of a per-tensor dequantize of quint8 values."""
+    if not _is(node, _tq().dequantize_per_tensor.default):
+        return None
+    q = node.args[0]
+    val = q.meta.get("val") if isinstance(q, fx.Node) else None
+    if val is None or val.dtype != torch.uint8:
+        return None
+    return q, float(node.args[1]), int(node.args[2])
+
+
+def _weight(gm: fx.GraphModule, node: Any, axis_wanted: int) -> Optional[tuple]:
+    """(int8 weight, float32 per-channel scales, int64 zero points) of a dequantized frozen
+    int8 weight (per tensor, or per channel along ``axis_wanted``) with zero zero points."""
+    tq = _tq()
+    if _is(node, aten.clone.default):  # the frozen conv weight's layout change
+        node = node.args[0]
+    if _is(node, tq.dequantize_per_channel.default):
+        w, scale, zp = (_constant(gm, a) for a in node.args[:3])
+        axis = node.args[3] if len(node.args) > 3 else node.kwargs.get("axis")
+        if w is None or scale is None or zp is None or axis % w.dim() != axis_wanted:
+            return None
+        if zp.dtype.is_floating_point:
+            return None
+    elif _is(node, tq.dequantize_per_tensor.default):
+        w = _constant(gm, node.args[0])
+        if w is None:
+            return None
+        scale = torch.tensor(float(node.args[1]), dtype=torch.float64)
+        zp = torch.tensor(int(node.args[2]), dtype=torch.int64)
+    else:
+        return None
+    if w.dtype != torch.int8 or w.device.type != "cpu" or bool(zp.ne(0).any()):
+        return None
+    channels = w.size(axis_wanted)
+    scale = scale.to(torch.float32).reshape(-1).expand(channels).contiguous()
+    zp = zp.to(torch.int64).reshape(-1).expand(channels).contiguous()
+    return w.contiguous(), scale, zp
+
+
+def _single_user(node: fx.Node) -> Optional[fx.Node]:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def _unary(node: Optional[fx.Node]) -> Optional[tuple[str, list]]:
+    """oneDNN's name and scalars for a ReLU / hardtanh (ReLU6) node."""
+    if _is(node, aten.relu.default):
+        return "relu", []
+    if _is(node, aten.hardtanh.default):
+        lo, hi = (list(node.args[1:3]) + [-1.0, 1.0][len(node.args) - 1:])[:2]
+        return "hardtanh", [float(lo), float(hi)]
+    return None
+
+
+class _Tail:
+    """What follows a conv / linear, replaced with it: an optional add of another quint8
+    activation (convs), an optional ReLU / hardtanh, an optional quint8 quantize."""
+
+    def __init__(self, node: fx.Node, allow_add: bool) -> None:
+        self.last, self.unary, self.scalars = node, "none", []
+        self.other: Optional[tuple] = None
+        self.out: Optional[tuple[float, int]] = None
+        user = _single_user(node)
+        if allow_add and _is(user, aten.add.Tensor) and len(user.args) == 2 and not user.kwargs:
+            a, b = user.args
+            candidate = b if a is node else a
+            other = _activation(candidate) if candidate is not node else None
+            same = (other is not None and isinstance(candidate, fx.Node)
+                    and candidate.meta["val"].shape == node.meta["val"].shape)
+            if same:
+                self.last, self.other = user, other
+                user = _single_user(user)
+        unary = _unary(user)
+        if unary is not None and (self.other is None or unary[0] == "relu"):
+            self.last, (self.unary, self.scalars) = user, unary
+            user = _single_user(user)
+        if _is(user, _tq().quantize_per_tensor.default) and user.args[3] == "quint8":
+            self.last, self.out = user, (float(user.args[1]), int(user.args[2]))
+
+
+class _Graph:
+    """The frozen graph module, gaining constants (prepacked weights, per-channel qparams)."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.gm = gm
+        self.count = 0
+
+    def constant(self, value: torch.Tensor, before: fx.Node, hint: str) -> fx.Node:
+        name = f"_torchquant_{hint}_{self.count}"
+        while hasattr(self.gm, name):
+            self.count += 1
+            name = f"_torchquant_{hint}_{self.count}"
+        self.gm.register_buffer(name, value, persistent=False)
+        with self.gm.graph.inserting_before(before):
+            return self.gm.graph.get_attr(name)
+
+
+def _replace(old: fx.Node, target: Any, args: tuple, example: torch.Tensor) -> None:
+    with old.graph.inserting_before(old):
+        new = old.graph.call_function(target, args)
+    new.meta.update(old.meta)
+    new.meta["val"] = example
+    old.replace_all_uses_with(new)
+
+
+def _fake_like(meta_val: Any, dtype: torch.dtype, memory_format: torch.memory_format) -> Any:
+    return torch.empty_like(meta_val, dtype=dtype, memory_format=memory_format)
+
+
+def _fuse_conv(g: _Graph, node: fx.Node) -> bool:
+    x_arg, w_arg, b_arg, stride, padding, dilation, transposed, _, groups = node.args[:9]
+    if transposed or len(stride) != 2:
+        return False
+    act = _activation(x_arg)
+    weight = _weight(g.gm, w_arg, 0)
+    bias = _constant(g.gm, b_arg) if b_arg is not None else None
+    if act is None or weight is None or (b_arg is not None and bias is None):
+        return False
+    q_x, x_scale, x_zp = act
+    w, w_scale, w_zp = weight
+    tail = _Tail(node, allow_add=True)
+    if tail.other is not None and (tail.out is None or tail.other[0] is q_x):
+        # a float add, or the sum's accumulator would be the conv's own input (inductor
+        # reuses the accumulator's copy in place once its source is dead): fuse the conv only
+        tail = _Tail(node, allow_add=False)
+    packed = torch.ops.onednn.qconv_prepack(w, w_scale, 1.0, 0, list(stride), list(padding),
+                                            list(dilation), groups, None)
+    gm_nodes = (g.constant(packed, node, "packed_conv_weight"),
+                g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"))
+    bias_node = None if bias is None else g.constant(bias.to(torch.float32), node, "bias")
+    geometry = (list(stride), list(padding), list(dilation), groups)
+    out_scale, out_zp, out_dtype = ((*tail.out, torch.uint8) if tail.out
+                                    else (1.0, 0, torch.float32))
+    fake = _fake_like(tail.last.meta["val"], out_dtype, torch.channels_last)
+    if tail.other is None:
+        args = (q_x, x_scale, x_zp, *gm_nodes, bias_node, *geometry, out_scale, out_zp,
+                out_dtype, tail.unary, tail.scalars, "")
+        _replace(tail.last, torch.ops.onednn.qconv_pointwise.default, args, fake)
+        return True
+    # oneDNN sums into its accumulator operand in place: give it a channels-last copy of the
+    # other addend's integers (as the eager op does), the graph's tensor stays unchanged
+    q_other, other_scale, other_zp = tail.other
+    with node.graph.inserting_before(tail.last):
+        accum = node.graph.call_function(aten.clone.default, (q_other,),
+                                         {"memory_format": torch.channels_last})
+    accum.meta["val"] = _fake_like(q_other.meta["val"], torch.uint8, torch.channels_last)
+    args = (q_x, x_scale, x_zp, *gm_nodes, accum, bias_node, *geometry, out_scale, out_zp,
+            out_dtype, other_scale, other_zp, "sum", 1.0, tail.unary, tail.scalars, "")
+    _replace(tail.last, torch.ops.onednn.qconv2d_pointwise.binary, args, fake)
+    return True
+
+
+def _op_arguments(node: fx.Node) -> dict[str, Any]:
+    """A custom-op node's arguments by name, defaults filled in."""
+    schema = node.target._schema
+    bound = {}
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args):
+            bound[arg.name] = node.args[i]
+        elif arg.name in node.kwargs:
+            bound[arg.name] = node.kwargs[arg.name]
+        else:
+            bound[arg.name] = arg.default_value
+    return bound
+
+
+def _fuse_torchquant_conv(g: _Graph, node: fx.Node) -> bool:
+    """``torchquant::conv`` (what eager- and FX-converted modules, and lowered PT2E graphs,
+    call) as the oneDNN call its eager kernel makes, the weight prepacked at freezing."""
+    a = _op_arguments(node)
+    x = a["x"]
+    w = _constant(g.gm, a["weight"])
+    scale, zp = _constant(g.gm, a["weight_scale"]), _constant(g.gm, a["weight_zero_point"])
+    bias = _constant(g.gm, a["bias"]) if a["bias"] is not None else None
+    val = x.meta.get("val") if isinstance(x, fx.Node) else None
+    post_op, other = a["post_op"], a["other"]
+    if (val is None or val.dtype != torch.uint8 or val.dim() != 4 or w is None or scale is None
+            or zp is None or w.dtype != torch.int8 or bool(zp.ne(0).any())
+            or (a["bias"] is not None and bias is None)
+            or post_op not in ("none", "relu", "add", "add_relu")
+            or (other is not None and (other is x or other.meta["val"].dtype != torch.uint8))):
+        return False
+    channels = w.size(0)
+    w_scale = scale.to(torch.float32).reshape(-1).expand(channels).contiguous()
+    w_zp = zp.to(torch.int64).reshape(-1).expand(channels).contiguous()
+    geometry = (list(a["stride"]), list(a["padding"]), list(a["dilation"]), a["groups"])
+    packed = torch.ops.onednn.qconv_prepack(w.contiguous(), w_scale, 1.0, 0, *geometry, None)
+    weight_nodes = (g.constant(packed, node, "packed_conv_weight"),
+                    g.constant(w_scale, node, "weight_scale"),
+                    g.constant(w_zp, node, "weight_zp"))
+    bias_node = None if bias is None else g.constant(bias.to(torch.float32), node, "bias")
+    head = (x, float(a["x_scale"]), int(a["x_zero_point"]), *weight_nodes)
+    out = (float(a["out_scale"]), int(a["out_zero_point"]), torch.uint8)
+    fake = _fake_like(node.meta["val"], torch.uint8, torch.channels_last)
+    if other is None:
+        _replace(node, torch.ops.onednn.qconv_pointwise.default,
+                 (*head, bias_node, *geometry, *out, post_op, [], ""), fake)
+        return True
+    with node.graph.inserting_before(node):
+        accum = node.graph.call_function(aten.clone.default, (other,),
+                                         {"memory_format": torch.channels_last})
+    accum.meta["val"] = _fake_like(other.meta["val"], torch.uint8, torch.channels_last)
+    args = (*head, accum, bias_node, *geometry, *out, float(a["other_scale"]),
+            int(a["other_zero_point"]), "sum", 1.0,
+            "relu" if post_op == "add_relu" else "none", [], "")
+    _replace(node, torch.ops.onednn.qconv2d_pointwise.binary, args, fake)
+    return True
+
+
+def _linear_operands(node: fx.Node) -> Optional[tuple]:
+    """(x, transposed weight, bias or None) of an ``addmm`` / ``mm`` node."""
+    if _is(node, aten.addmm.default) and len(node.args) == 3 and not node.kwargs:
+        return node.args[1], node.args[2], node.args[0]
+    if _is(node, aten.mm.default):
+        return node.args[0], node.args[1], None
+    return None
+
+
+def _fuse_linear(g: _Graph, node: fx.Node) -> bool:
+    operands = _linear_operands(node)
+    if operands is None:
+        return False
+    x_arg, wt_arg, b_arg = operands
+    if not (_is(wt_arg, aten.permute.default) and list(wt_arg.args[1]) == [1, 0]):
+        return False
+    act = _activation(x_arg)
+    weight = _weight(g.gm, wt_arg.args[0], 0)
+    bias = _constant(g.gm, b_arg) if b_arg is not None else None
+    if act is None or weight is None or (b_arg is not None and (bias is None or bias.dim() != 1)):
+        return False
+    q_x, x_scale, x_zp = act
+    w, w_scale, w_zp = weight
+    tail = _Tail(node, allow_add=False)
+    packed = torch.ops.onednn.qlinear_prepack(w, None)
+    gm_nodes = (g.constant(packed, node, "packed_linear_weight"),
+                g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"),
+                None if bias is None else g.constant(bias.to(torch.float32), node, "bias"))
+    out_scale, out_zp, out_dtype = ((*tail.out, torch.uint8) if tail.out
+                                    else (1.0, 0, torch.float32))
+    args = (q_x, x_scale, x_zp, *gm_nodes, out_scale, out_zp, out_dtype, tail.unary,
+            tail.scalars, "")
+    fake = _fake_like(tail.last.meta["val"], out_dtype, torch.contiguous_format)
+    _replace(tail.last, torch.ops.onednn.qlinear_pointwise.default, args, fake)
+    return True
+
+
+def _erase_dead(node: fx.Node) -> None:
+    """Erase ``node`` if nothing uses it, and then each producer only it used."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n.users or n.op not in ("call_function", "get_attr") or n.graph is None:
+            continue
+        inputs = list(n.all_input_nodes)
+        n.graph.erase_node(n)
+        stack.extend(inputs)
+
+
+def _fold(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Replace a dequantize of frozen constants by its float value (what torch's constant
+    folding, told to leave these for the fusions, would have made of it)."""
+    args = [(_constant(gm, a) if isinstance(a, fx.Node) else a) for a in node.args]
+    if any(a is None for a, raw in zip(args, node.args) if isinstance(raw, fx.Node)):
+        return False
+    node.replace_all_uses_with(_Graph(gm).constant(node.target(*args), node,
+                                                   "dequantized_weight"))
+    return True
+
+
+def _handler(rewrite: Callable[[_Graph, fx.Node], bool], needs_exact_onednn: bool) -> Callable:
+    def handler(match: Any, *args: Any, **kwargs: Any) -> None:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        node = match.output_node()
+        gm = node.graph.owning_module
+        if gm is None:
+            return
+        # real tensors: the pass packs and folds the frozen constants, and the oneDNN probe
+        # behind onednn_u8s8_exact (measured once, cached) must not run on fake tensors
+        with unset_fake_temporarily():
+            if needs_exact_onednn and not _klinear.onednn_u8s8_exact():
+                return
+            if rewrite(_Graph(gm), node):
+                _erase_dead(node)
+    return handler
+
+
+def _x_is_dequantized(match: Any) -> bool:
+    node = match.output_node()
+    operands = _linear_operands(node)
+    x = operands[0] if operands is not None else node.args[0]
+    return _activation(x) is not None
+
+
+def _fold_rewrite(g: _Graph, node: fx.Node) -> bool:
+    return _fold(g.gm, node)
+
+
+def _always(match: Any) -> bool:
+    return True
+
+
+def _weight_is_frozen(match: Any) -> bool:
+    node = match.output_node()
+    gm = node.graph.owning_module
+    return gm is not None and _constant(gm, node.args[0]) is not None
+
+
+def register() -> None:
+    """Register the fusions (and the folding of the weight dequantizes they leave) as
+    patterns of inductor's first freezing pass, before its own conv / linear packing."""
+    from torch._inductor.constant_folding import add_dont_constant_fold
+    from torch._inductor.fx_passes.freezing_patterns import pass_patterns
+    from torch._inductor.pattern_matcher import (MULTIPLE, CallFunctionVarArgs,
+                                                 register_graph_pattern)
+    tq = _tq()
+    add_dont_constant_fold(tq.dequantize_per_channel.default)
+    add_dont_constant_fold(tq.dequantize_per_tensor.default)
+    # the pass visits nodes last to first: every conv / linear is tried before the weight
+    # dequantizes that feed it are folded
+    for target, check, rewrite, exact in (
+            (tq.conv.default, _always, _fuse_torchquant_conv, True),
+            (aten.convolution.default, _x_is_dequantized, _fuse_conv, True),
+            (aten.addmm.default, _x_is_dequantized, _fuse_linear, True),
+            (aten.mm.default, _x_is_dequantized, _fuse_linear, True),
+            (tq.dequantize_per_channel.default, _weight_is_frozen, _fold_rewrite, False),
+            (tq.dequantize_per_tensor.default, _weight_is_frozen, _fold_rewrite, False)):
+        pattern = CallFunctionVarArgs(target, users=MULTIPLE)
+        register_graph_pattern(pattern, extra_check=check, pass_dict=pass_patterns[0],
+                               prepend=True)(_handler(rewrite, exact))
