@@ -16,6 +16,7 @@ def _cpu_paths_report() -> tuple[str, ...]:
     from torchquant.kernels import cpu_isa
     from torchquant.kernels import linear as klinear
     from torchquant.kernels import linear_small_m
+    from torchquant.kernels import native
     exact_max = klinear.onednn_u8_exact_max()
     if exact_max >= 255:
         int8 = "oneDNN int8, one call for every uint8 input"
@@ -27,6 +28,8 @@ def _cpu_paths_report() -> tuple[str, ...]:
                    "int8 (split above 128); torch.ao's fused epilogue")
     else:
         int8 = dynamic = "plain-torch reference (no usable oneDNN)"
+    if native.available():
+        dynamic = "native fbgemm (torch.ao's kernel; full range where it is exact, else " + dynamic + ")"
     return (
         f"cpu: flags {' '.join(cpu_isa.cpu_flags()) or 'unknown'}; ATen "
         f"{torch.backends.cpu.get_cpu_capability()}; ONEDNN_MAX_CPU_ISA="
@@ -35,6 +38,9 @@ def _cpu_paths_report() -> tuple[str, ...]:
         f"torchquant paths: linear / conv: {int8}; dynamic linear: {dynamic}; conv-transpose: "
         f"reference; fp16 linear: float32 GEMM; torch._int_mm exact here: "
         f"{klinear.int_mm_exact_on_cpu()}",
+        f"native kernels: {native.describe()}; full-range uint8 through fbgemm: "
+        f"{native.available() and native.exact_u8()} (else reduce_range dynamic Linear / RNNs "
+        "only)",
         f"torch.ao oracle exact on full-range uint8 here: {torch_oracle_exact_u8()}",
     )
 

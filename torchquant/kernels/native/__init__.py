@@ -25,6 +25,7 @@ from typing import Any, Optional
 import torch
 
 from ..._log import emit_once
+from .. import cpu_isa
 from ..registry import implementations, register
 
 __all__ = ["available", "describe", "isa", "exact_u8", "force_isa", "pack", "dynamic_linear",
@@ -116,12 +117,13 @@ def isa() -> str:
 def exact_u8() -> bool:
     """Whether fbgemm's u8 x s8 products are exact for every uint8 code (VNNI); AVX2 and
     AVX-512 without VNNI saturate int16 pairs, so only reduce_range activations (0..127, at
-    most 128 after rounding) are exact there."""
+    most 128 after rounding) are exact there.  ``TORCHQUANT_CPU_ISA=avx2|avx512`` takes the
+    saturating CPUs' choice here too (:mod:`..cpu_isa`)."""
     exact = _state.get("exact_u8")
     if exact is None:
         _require()
         exact = _state["exact_u8"] = bool(torch.ops.torchquant_native.fbgemm_exact_u8())
-    return exact
+    return exact and not cpu_isa.int8_pairs_forced_saturating()
 
 
 def force_isa(name: str) -> None:

@@ -4,13 +4,14 @@
   inductor nodes (C++ it fuses), with eager mode's rounding.
 * :mod:`.fusion`: dequantize -> conv / linear (-> ReLU / add / add+ReLU) -> quantize becomes
   one oneDNN int8 call whose weight is prepacked at freezing.
+* :mod:`.cache_key`: both, and the CPU decision behind the fusion, in inductor's cache key.
 
 Both are registered when torchquant is imported, keyed on torchquant's own ops: torch's other
 graphs are untouched and no inductor configuration value is changed.
 """
 from __future__ import annotations
 
-from . import elementwise, fusion
+from . import cache_key, elementwise, fusion
 
 __all__ = ["register"]
 
@@ -23,4 +24,5 @@ def register() -> None:
         return
     elementwise.register()
     fusion.register()
+    cache_key.register()
     _REGISTERED = True

@@ -4,7 +4,7 @@ Without them inductor calls each op back into Python (a custom op it cannot see 
 each becomes a pointwise inductor node that its C++ codegen fuses with its neighbours.  The
 formulas are :mod:`torchquant.affine`'s (``quantize_formula`` in FMA mode for 8-bit per-tensor
 quantize, ``dequantize_formula``), written with inductor's ``ops`` so the generated code rounds
-as eager mode does: one fused multiply-add, ``nearbyint`` (half to even), NaN to the zero point,
+as eager mode does: one fused multiply-add, ``nearbyint`` (half to even), NaN to torch's code (``affine.nan_code``),
 clamp, and the same float32 / float64 intermediate types.  Forms without a lowering here
 (32-bit storage, float zero points, non-float32 input) stay the opaque op.
 """
@@ -37,7 +37,8 @@ def _quantize_8bit_values(value: Any, inv: float, zero_point: int, qmin: int, qm
     from torch._inductor.virtualized import ops
     zp = _constant(float(zero_point), torch.float32)
     y = ops.round(ops.fma(value, _constant(inv, torch.float32), zp))
-    y = ops.where(ops.eq(y, y), y, zp)
+    nan = affine.nan_code(qmin, qmax, storage_dtype, affine.FMA)
+    y = ops.where(ops.eq(y, y), y, _constant(float(nan), torch.float32))
     y = ops.minimum(ops.maximum(y, _constant(float(qmin), torch.float32)),
                     _constant(float(qmax), torch.float32))
     # float -> int32 -> 8 bits: exact (y is an in-range integer), and vectorised by inductor
