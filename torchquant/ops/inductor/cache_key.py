@@ -18,6 +18,8 @@ from typing import Any, Optional
 
 import torch
 
+from ...kernels import linear as _klinear
+
 __all__ = ["register", "uuid"]
 
 _DEVICE = "torchquant_cache_key"  # a key of inductor's table only: no tensor lives there
@@ -35,7 +37,6 @@ def uuid() -> str:
     from torch._inductor.custom_graph_pass import get_hash_for_files
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    from ...kernels import linear as _klinear
     with unset_fake_temporarily():
         exact = _klinear.onednn_u8s8_exact()
     cpu = (f"onednn_exact={exact};TORCHQUANT_CPU_ISA={os.environ.get('TORCHQUANT_CPU_ISA', '')};"
