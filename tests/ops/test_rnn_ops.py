@@ -181,3 +181,42 @@ def test_cells_equal_torch_bit_for_bit(kind, hidden):
         for g, w in zip(got if kind == "LSTMCell" else (got,),
                         want if kind == "LSTMCell" else (want,)):
             assert torch.equal(g, w)
+
+
+# ---- under torch.compile: one opaque op per direction ---------------------------------------
+
+def _compiled_graph_targets(model, x):
+    """The ops in the graph dynamo hands its backend (the whole model in one graph)."""
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+    torch._dynamo.reset()
+    out = torch.compile(model, backend=backend, fullgraph=True)(x)
+    return targets, out
+
+
+@pytest.mark.parametrize("cls, op", [(torch.nn.LSTM, "lstm_sequence_dynamic"),
+                                     (torch.nn.GRU, "gru_sequence_dynamic")])
+@pytest.mark.parametrize("native", [True, False])
+def test_compiled_dynamic_rnn_is_one_sequence_op_per_direction(cls, op, native, monkeypatch):
+    """Stepping under compile made T opaque step calls (slower than float); the sequence op
+    runs the native loop, or the step functions where it cannot: eager's numbers either way."""
+    import torchquant.quantization as tq
+    from torchquant.ops import rnn as ops_rnn
+    if not native:
+        monkeypatch.setattr(ops_rnn, "_sequence_at_run_time", lambda *a, **k: None)
+    torch.manual_seed(0)
+    model = tq.quantize_dynamic(torch.nn.Sequential(cls(32, 32, 2, bidirectional=True)).eval(),
+                                {cls}, dtype=torch.qint8)
+    x = torch.randn(5, 3, 32)
+    with torch.no_grad():
+        expected = model(x)
+        targets, got = _compiled_graph_targets(model, x)
+    assert sum(op in t for t in targets) == 4  # 2 layers x 2 directions
+    assert not any("step_dynamic" in t for t in targets)
+    assert torch.equal(got[0], expected[0])
+    for g, e in zip(got[1] if isinstance(got[1], tuple) else (got[1],),
+                    expected[1] if isinstance(expected[1], tuple) else (expected[1],)):
+        assert torch.equal(g, e)

@@ -327,11 +327,81 @@ def _sequence_kernel(op: str, ih: Tensor, packed: GateWeight,
     return None
 
 
+def _compiled_sequence(packed: GateWeight) -> bool:
+    """Under ``torch.compile`` (not export, whose graphs keep one node per step), an int8
+    direction is one opaque op that runs the native loop at run time: stepping would be
+    ``T`` opaque step calls, each re-reading its weight."""
+    return (isinstance(packed, PackedLinearWeight) and torch.compiler.is_compiling()
+            and not torch.compiler.is_exporting())
+
+
+def _sequence_at_run_time(op: str, ih: Tensor, packed: PackedLinearWeight,
+                          reduce_range: bool) -> Optional[Callable]:
+    native = _kernels.implementations(op).get("native")
+    if (_kernels.mode() == "auto" and native is not None
+            and native.accepts(ih, {"packed": packed, "reduce_range": reduce_range})):
+        return native.fn
+    return None
+
+
+def _steps(length: int, reverse: bool) -> range:
+    return range(length - 1, -1, -1) if reverse else range(length)
+
+
+@torch.library.custom_op("torchquant::lstm_sequence_dynamic", mutates_args=())
+def _lstm_sequence_op(ih: Tensor, h0: Tensor, c0: Tensor, weight: Tensor,
+                      weight_scale: Tensor, weight_zero_point: Tensor, bias: Optional[Tensor],
+                      reduce_range: bool, reverse: bool) -> tuple[Tensor, Tensor, Tensor]:
+    packed = packed_linear_weight(weight, weight_scale, weight_zero_point, bias)
+    fn = _sequence_at_run_time("lstm_sequence", ih, packed, reduce_range)
+    if fn is not None:
+        out, h, c = fn(ih, h0, c0, packed, reduce_range, reverse)
+    else:  # the step functions: the numbers of the eager model where no native loop runs
+        h, c = h0, c0
+        steps: list[Tensor] = [h0] * ih.size(0)
+        for t in _steps(ih.size(0), reverse):
+            h, c = _lstm_step(ih[t], h, c, packed, reduce_range)
+            steps[t] = h
+        out = torch.stack(steps)
+    return out, h.clone(), c.clone()  # a custom op's outputs may not alias each other
+
+
+@_lstm_sequence_op.register_fake
+def _(ih, h0, c0, weight, weight_scale, weight_zero_point, bias, reduce_range, reverse):
+    return (ih.new_empty((ih.size(0), *h0.shape)), torch.empty_like(h0),
+            torch.empty_like(c0))
+
+
+@torch.library.custom_op("torchquant::gru_sequence_dynamic", mutates_args=())
+def _gru_sequence_op(ih: Tensor, h0: Tensor, weight: Tensor, weight_scale: Tensor,
+                     weight_zero_point: Tensor, bias: Optional[Tensor], reduce_range: bool,
+                     reverse: bool) -> tuple[Tensor, Tensor]:
+    packed = packed_linear_weight(weight, weight_scale, weight_zero_point, bias)
+    fn = _sequence_at_run_time("gru_sequence", ih, packed, reduce_range)
+    if fn is not None:
+        out, h = fn(ih, h0, packed, reduce_range, reverse)
+    else:
+        h = h0
+        steps: list[Tensor] = [h0] * ih.size(0)
+        for t in _steps(ih.size(0), reverse):
+            h = steps[t] = _gru_step(ih[t], h, packed, reduce_range)
+        out = torch.stack(steps)
+    return out, h.clone()
+
+
+@_gru_sequence_op.register_fake
+def _(ih, h0, weight, weight_scale, weight_zero_point, bias, reduce_range, reverse):
+    return ih.new_empty((ih.size(0), *h0.shape)), torch.empty_like(h0)
+
+
 def lstm_sequence(ih: Tensor, h0: Tensor, c0: Tensor, packed: GateWeight, reduce_range: bool,
                   reverse: bool) -> Optional[tuple[Tensor, Tensor, Tensor]]:
     """A whole LSTM direction over ``ih`` (``[T, B, 4H]`` float32 input projections) from
     ``(h0, c0)``: ``(outputs [T, B, H], h_T, c_T)``, the same numbers as stepping with
     :func:`lstm_step`; None where no whole-direction kernel runs (then step)."""
+    if _compiled_sequence(packed):
+        return torch.ops.torchquant.lstm_sequence_dynamic(ih, h0, c0, *_graph_args(packed),
+                                                          reduce_range, reverse)
     fn = _sequence_kernel("lstm_sequence", ih, packed, reduce_range)
     return None if fn is None else fn(ih, h0, c0, packed, reduce_range, reverse)
 
@@ -339,5 +409,8 @@ def lstm_sequence(ih: Tensor, h0: Tensor, c0: Tensor, packed: GateWeight, reduce
 def gru_sequence(ih: Tensor, h0: Tensor, packed: GateWeight, reduce_range: bool,
                  reverse: bool) -> Optional[tuple[Tensor, Tensor]]:
     """:func:`lstm_sequence` for the GRU: ``(outputs [T, B, H], h_T)`` or None."""
+    if _compiled_sequence(packed):
+        return torch.ops.torchquant.gru_sequence_dynamic(ih, h0, *_graph_args(packed),
+                                                         reduce_range, reverse)
     fn = _sequence_kernel("gru_sequence", ih, packed, reduce_range)
     return None if fn is None else fn(ih, h0, packed, reduce_range, reverse)
