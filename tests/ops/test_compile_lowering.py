@@ -117,13 +117,18 @@ def test_export_keeps_the_opaque_ops(block):
 
 def test_unsafe_inductor_math_turns_lowering_off(block):
     import torch._inductor.config as config
-    with config.patch({"cpp.enable_unsafe_math_opt_flag": True}):
-        compiled, graphs = _compiled_with_graphs(block)
-        x = torch.randn(2, 8, 8, 8)
-        with torch.no_grad():
-            assert torch.equal(compiled(x), block(x))
-    assert {"torchquant.conv", "torchquant.add"} <= _targets(graphs)
-    torch._dynamo.reset()
+    try:
+        with config.patch({"cpp.enable_unsafe_math_opt_flag": True}):
+            compiled, graphs = _compiled_with_graphs(block)
+            x = torch.randn(2, 8, 8, 8)
+            with torch.no_grad():
+                assert torch.equal(compiled(x), block(x))
+        assert {"torchquant.conv", "torchquant.add"} <= _targets(graphs)
+    finally:
+        torch._dynamo.reset()
+        # A -ffast-math kernel library sets flush-to-zero for the whole process when it
+        # loads; later tests in this worker (hypothesis' subnormal floats) need it off.
+        torch.set_flush_denormal(False)
 
 
 def test_add_with_a_tail_keeps_the_opaque_op():
