@@ -77,6 +77,9 @@ def test_tutorial_flow_fuses_into_onednn_with_eager_integers(converted):
     (pooled, logits), code = _compile_frozen(converted, x)
     assert code.count("onednn.qconv_pointwise") == 4 and "onednn.qlinear_pointwise" in code
     assert "onednn.qconv2d_pointwise.binary" in code and "'hardtanh'" in code
+    # the ReLU6 (decomposed to clamp_min / clamp_max before freezing) and the quantize after
+    # it ride in the conv's call: oneDNN writes the uint8 integers, no float conv output
+    assert "torch.float32, 'hardtanh'" not in code and "torch.uint8, 'hardtanh'" in code
     assert "torch.ops.torchquant" not in code
     assert "mkldnn._convolution_pointwise" not in code              # no conv left in float
     # the same oneDNN kernels as torchquant's fused eager ops: the same integers

@@ -105,13 +105,40 @@ def _single_user(node: fx.Node) -> Optional[fx.Node]:
     return next(iter(node.users)) if len(node.users) == 1 else None
 
 
-def _unary(node: Optional[fx.Node]) -> Optional[tuple[str, list]]:
-    """oneDNN's name and scalars for a ReLU / hardtanh (ReLU6) node."""
+def _scalar(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _unary(node: Optional[fx.Node]) -> Optional[tuple[str, list, fx.Node]]:
+    """oneDNN's name and scalars for a ReLU / hardtanh (ReLU6) starting at ``node``, and the
+    node that ends it: inductor's decompositions spell hardtanh as ``clamp_min`` then
+    ``clamp_max`` (ReLU as ``clamp_min(x, 0)`` after some passes) before freezing runs."""
     if _is(node, aten.relu.default):
-        return "relu", []
+        return "relu", [], node
     if _is(node, aten.hardtanh.default):
         lo, hi = (list(node.args[1:3]) + [-1.0, 1.0][len(node.args) - 1:])[:2]
-        return "hardtanh", [float(lo), float(hi)]
+        return "hardtanh", [float(lo), float(hi)], node
+    if _is(node, aten.clamp.default) and len(node.args) == 3 and not node.kwargs:
+        lo, hi = _scalar(node.args[1]), _scalar(node.args[2])
+        if lo is not None and hi is not None and lo <= hi:
+            return "hardtanh", [lo, hi], node
+        return None
+    first, second = (aten.clamp_min.default, aten.clamp_max.default)
+    for a, b in ((first, second), (second, first)):
+        if _is(node, a) and len(node.args) == 2 and not node.kwargs:
+            bound = _scalar(node.args[1])
+            if bound is None:
+                return None
+            nxt = _single_user(node)
+            if _is(nxt, b) and len(nxt.args) == 2 and not nxt.kwargs:
+                other = _scalar(nxt.args[1])
+                if other is None:
+                    return None
+                lo, hi = (bound, other) if a is first else (other, bound)
+                return ("hardtanh", [lo, hi], nxt) if lo <= hi else None
+            if a is first and bound == 0.0:
+                return "relu", [], node
+            return None
     return None
 
 
@@ -135,8 +162,8 @@ class _Tail:
                 user = _single_user(user)
         unary = _unary(user)
         if unary is not None and (self.other is None or unary[0] == "relu"):
-            self.last, (self.unary, self.scalars) = user, unary
-            user = _single_user(user)
+            self.unary, self.scalars, self.last = unary
+            user = _single_user(self.last)
         if _is(user, _tq().quantize_per_tensor.default) and user.args[3] == "quint8":
             self.last, self.out = user, (float(user.args[1]), int(user.args[2]))
 
