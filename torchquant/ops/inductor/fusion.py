@@ -197,6 +197,16 @@ def _fake_like(meta_val: Any, dtype: torch.dtype, memory_format: torch.memory_fo
     return torch.empty_like(meta_val, dtype=dtype, memory_format=memory_format)
 
 
+def _static_shape(node: Any) -> Optional[list[int]]:
+    """The activation's shape when the graph has it in plain integers (a static compile):
+    oneDNN then prepacks the weight in the layout its kernel for that shape reads, instead of
+    a generic one it would reorder from on every call.  None where a dimension is symbolic."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if val is None or not all(isinstance(d, int) for d in val.shape):
+        return None
+    return [int(d) for d in val.shape]
+
+
 def _fuse_conv(g: _Graph, node: fx.Node) -> bool:
     x_arg, w_arg, b_arg, stride, padding, dilation, transposed, _, groups = node.args[:9]
     if transposed or len(stride) != 2:
@@ -213,8 +223,9 @@ def _fuse_conv(g: _Graph, node: fx.Node) -> bool:
         # a float add, or the sum's accumulator would be the conv's own input (inductor
         # reuses the accumulator's copy in place once its source is dead): fuse the conv only
         tail = _Tail(node, allow_add=False)
-    packed = torch.ops.onednn.qconv_prepack(w, w_scale, 1.0, 0, list(stride), list(padding),
-                                            list(dilation), groups, None)
+    packed = torch.ops.onednn.qconv_prepack(w, w_scale, x_scale, x_zp, list(stride),
+                                            list(padding), list(dilation), groups,
+                                            _static_shape(q_x))
     gm_nodes = (g.constant(packed, node, "packed_conv_weight"),
                 g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"))
     bias_node = None if bias is None else g.constant(bias.to(torch.float32), node, "bias")
@@ -274,7 +285,8 @@ def _fuse_torchquant_conv(g: _Graph, node: fx.Node) -> bool:
     w_scale = scale.to(torch.float32).reshape(-1).expand(channels).contiguous()
     w_zp = zp.to(torch.int64).reshape(-1).expand(channels).contiguous()
     geometry = (list(a["stride"]), list(a["padding"]), list(a["dilation"]), a["groups"])
-    packed = torch.ops.onednn.qconv_prepack(w.contiguous(), w_scale, 1.0, 0, *geometry, None)
+    packed = torch.ops.onednn.qconv_prepack(w.contiguous(), w_scale, float(a["x_scale"]),
+                                            int(a["x_zero_point"]), *geometry, _static_shape(x))
     weight_nodes = (g.constant(packed, node, "packed_conv_weight"),
                     g.constant(w_scale, node, "weight_scale"),
                     g.constant(w_zp, node, "weight_zp"))
@@ -321,7 +333,7 @@ def _fuse_linear(g: _Graph, node: fx.Node) -> bool:
     q_x, x_scale, x_zp = act
     w, w_scale, w_zp = weight
     tail = _Tail(node, allow_add=False)
-    packed = torch.ops.onednn.qlinear_prepack(w, None)
+    packed = torch.ops.onednn.qlinear_prepack(w, _static_shape(q_x))
     gm_nodes = (g.constant(packed, node, "packed_linear_weight"),
                 g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"),
                 None if bias is None else g.constant(bias.to(torch.float32), node, "bias"))
