@@ -126,14 +126,20 @@ def test_dynamic_convert_module_types_and_outputs_match_torch(qconfig_name):
     q_ours, q_theirs = quantize_fx.convert_fx(ours), ao_fx.convert_fx(theirs)
     assert type(q_ours.lstm) is nnqd.LSTM and type(q_ours.gru) is nnqd.GRU
     assert type(q_ours.cell) is nnqd.LSTMCell and type(q_ours.fc) is nniqd.LinearReLU
-    # torch lowers F.linear to torch.ops.quantized.linear_dynamic; ours to a dynamic Linear
-    # submodule (torchquant.ops.linear_dynamic inside)
-    theirs_names = dict(q_theirs.named_children())
-    functional = {n: m for n, m in q_ours.named_children() if n not in theirs_names}
-    assert [type(m) for m in functional.values()] == [nnqd.Linear]
-    assert [type(m).__name__ for n, m in q_ours.named_children() if n not in functional] == \
+    # torch keeps F.linear a functional torch.ops.quantized.linear_dynamic(_fp16) call on a
+    # _packed_weight_0 attribute; ours a torchquant.linear_dynamic(_fp16) call on
+    # _packed_weight_0* buffers -- no new submodule
+    assert [n for n, _ in q_ours.named_children()] == [n for n, _ in q_theirs.named_children()]
+    assert [type(m).__name__ for m in q_ours.children()] == \
         [type(m).__name__ for m in q_theirs.children()]
     expected_dtype = torch.float16 if "float16" in qconfig_name else torch.qint8
+    op = (torch.ops.torchquant.linear_dynamic_fp16.default if expected_dtype is torch.float16
+          else torch.ops.torchquant.linear_dynamic.default)
+    (call,) = [n for n in q_ours.graph.nodes if n.op == "call_function" and n.target is op]
+    assert call.args[1].op == "get_attr" and call.args[1].target == "_packed_weight_0"
+    (theirs_call,) = [n for n in q_theirs.graph.nodes if n.op == "call_function"
+                      and "linear_dynamic" in str(n.target)]
+    assert theirs_call.args[1].target == "_packed_weight_0"
     assert (q_ours.lstm.dtype is torch.float16) == (expected_dtype is torch.float16)
     torch.manual_seed(3)
     for _ in range(2):
@@ -221,3 +227,132 @@ def test_global_dynamic_qconfig_leaves_other_ops_float_without_prepare_warnings(
         prepared = quantize_fx.prepare_fx(model, mapping, (torch.randn(1, 3, 6, 6),))
     q = quantize_fx.convert_fx(prepared)
     assert type(q.conv) is nn.Conv2d and type(q.fc) is nnqd.Linear
+
+
+class FunctionalLinears(nn.Module):
+    """F.relu(F.linear(x, w1, b1)) (torch: linear_relu_dynamic) and F.linear(., w2) without a
+    bias (torch: linear_dynamic)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(6, 8) * 0.3)
+        self.b1 = nn.Parameter(torch.randn(6) * 0.1)
+        self.w2 = nn.Parameter(torch.randn(4, 6) * 0.3)
+
+    def forward(self, x):
+        h = F.relu(F.linear(x, self.w1, self.b1))
+        return F.linear(h, self.w2), h
+
+
+def _functional(qconfig_name, seed=0, **convert_kwargs):
+    torch.manual_seed(seed)
+    model = FunctionalLinears().eval()
+    example = (torch.randn(3, 8),)
+    ours_map = tq_qconfig.QConfigMapping().set_global(getattr(tq_qconfig, qconfig_name))
+    theirs_map = ao.QConfigMapping().set_global(getattr(ao, qconfig_name))
+    ours, theirs = _prepare_both(model, ours_map, theirs_map, example, [example])
+    return (model, quantize_fx.convert_fx(ours, **convert_kwargs),
+            ao_fx.convert_fx(theirs, **convert_kwargs))
+
+
+def _calls(gm):
+    return [n for n in gm.graph.nodes if n.op in ("call_function", "call_module")]
+
+
+@pytest.mark.parametrize("qconfig_name", QCONFIG_NAMES)
+def test_dynamic_functional_linear_stays_a_functional_call_as_torch(qconfig_name):
+    model, ours, theirs = _functional(qconfig_name)
+    fp16 = "float16" in qconfig_name
+    assert not list(ours.named_children()) and not list(theirs.named_children())
+    op = (torch.ops.torchquant.linear_dynamic_fp16.default if fp16
+          else torch.ops.torchquant.linear_dynamic.default)
+    theirs_ops = ([torch.ops.quantized.linear_relu_dynamic_fp16,
+                   torch.ops.quantized.linear_dynamic_fp16] if fp16 else
+                  [torch.ops.quantized.linear_relu_dynamic, torch.ops.quantized.linear_dynamic])
+    assert [n.target for n in _calls(theirs)] == theirs_ops
+    first, second = _calls(ours)           # F.relu fused into the first, as torch
+    assert first.target is op and second.target is op
+    # the op's argument list: x, weight (, scale, zero point), bias, (reduce_range,) relu
+    for call, bias, relu, n in ((first, True, True, 0), (second, False, False, 1)):
+        holder = f"_packed_weight_{n}"
+        names = [a.target if isinstance(a, torch.fx.Node) and a.op == "get_attr" else a
+                 for a in call.args[1:]]
+        qparams = [] if fp16 else [holder + "_scale", holder + "_zero_point"]
+        assert names == [holder, *qparams, holder + "_bias" if bias else None,
+                         *([] if fp16 else [True]), relu]
+    weight = ours._packed_weight_0
+    assert weight.dtype is (torch.float16 if fp16 else torch.int8)
+    if not fp16:
+        per_channel = "per_channel" in qconfig_name
+        assert ours._packed_weight_0_scale.dim() == (1 if per_channel else 0)
+        assert ours._packed_weight_0_zero_point.shape == ours._packed_weight_0_scale.shape
+        # the same int8 weight as torch's packed one
+        w_theirs, b_theirs = torch.ops.quantized.linear_unpack(theirs._packed_weight_0)
+        assert torch.equal(weight, w_theirs.int_repr())
+        assert torch.equal(ours._packed_weight_0_bias, b_theirs)
+    torch.manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(5, 8)
+        for a, b, f in zip(ours(x), theirs(x), model(x)):
+            if fp16:    # fbgemm's fp16 GEMM sums in another order
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+            else:
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+            assert _sqnr(f, a) >= 20
+    with torch.inference_mode():
+        for a, b in zip(ours(x), theirs(x)):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5 if fp16 else 0)
+
+
+@pytest.mark.parametrize("qconfig_name", QCONFIG_NAMES)
+def test_dynamic_functional_linear_keeps_original_weights_as_torch(qconfig_name):
+    model, ours, theirs = _functional(qconfig_name, keep_original_weights=True)
+    lookup, theirs_lookup = ours.original_weights_lookup, theirs.original_weights_lookup
+    assert list(lookup) == list(theirs_lookup) == ["_packed_weight_0", "_packed_weight_1"]
+    for name in lookup:     # torch's lists carry the weight's qparams after [weight, bias]
+        assert torch.equal(lookup[name][0], theirs_lookup[name][0])
+    assert torch.equal(lookup["_packed_weight_0"][0], model.w1)
+    assert torch.equal(lookup["_packed_weight_0"][1], model.b1)
+    assert torch.equal(lookup["_packed_weight_1"][0], model.w2)
+    assert lookup["_packed_weight_1"][1] is None
+
+
+@pytest.mark.parametrize("qconfig_name", QCONFIG_NAMES)
+def test_dynamic_functional_linear_state_dict_round_trip_and_load(qconfig_name, tmp_path):
+    _, ours, _ = _functional(qconfig_name, seed=0)
+    _, other, _ = _functional(qconfig_name, seed=5)       # other weights (and qparams)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(2))
+    expected, other_expected = ours(x), other(x)
+    assert not torch.equal(expected[0], other_expected[0])
+    path = tmp_path / "sd.pt"
+    torch.save(ours.state_dict(), path)
+    loaded = torch.load(path, weights_only=True)
+    assert {k for k in loaded if k.startswith("_packed_weight_")} >= {
+        "_packed_weight_0", "_packed_weight_0_bias", "_packed_weight_1"}
+    for key, value in ours.state_dict().items():
+        assert torch.equal(loaded[key], value) and loaded[key].dtype == value.dtype
+    ours.load_state_dict(other.state_dict())              # repacks: the other's outputs
+    for a, b in zip(ours(x), other_expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    ours.load_state_dict(loaded)                          # and back
+    for a, b in zip(ours(x), expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with torch.inference_mode():
+        for a, b in zip(ours(x), expected):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("qconfig_name", ["default_dynamic_qconfig", "float16_dynamic_qconfig"])
+def test_dynamic_functional_linear_exports_and_compiles(qconfig_name):
+    _, ours, _ = _functional(qconfig_name)
+    x = torch.randn(3, 8)
+    expected = ours(x)
+    exported = torch.export.export(ours, (x,))
+    name = ("torchquant.linear_dynamic_fp16.default" if "float16" in qconfig_name
+            else "torchquant.linear_dynamic.default")
+    targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
+    assert targets.count(name) == 2
+    for a, b in zip(exported.module()(x), expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for a, b in zip(torch.compile(ours, fullgraph=True)(x), expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)

@@ -30,9 +30,11 @@ from ...nn.quantized import _normalization
 from ...nn.quantized import functional as qF
 from ...nn.quantized import dynamic as nnqd
 from ...nn.intrinsic.quantized import dynamic as nniqd
+from ...nn.quantized.dynamic.modules.linear import to_float16_weight
 from ...nn.quantized import reference as nnqr
 from ...nn.quantized.modules.utils import as_output_scale as _as_output_scale
 from ...nn.quantized.modules.utils import as_output_zero_point as _as_output_zero_point
+from ...ops._library import weight_qparams
 from ..backend_config import BackendConfig
 from ..backend_config.utils import get_root_module_to_quantized_reference_module
 from ..fake_quantize import FakeQuantizeBase
@@ -795,7 +797,12 @@ def _lower_dynamic_or_weight_only_module(gm: GraphModule, modules: dict[str, tor
 def _lower_dynamic_functional_linear(gm: GraphModule, modules: dict[str, torch.nn.Module],
                                      node: Node) -> bool:
     """``F.linear(dynamic(x), dequantize(quantize(w)) or round_to_float16(w), b)`` (-> relu)
-    -> a dynamic quantized Linear (LinearReLU) submodule."""
+    -> a functional ``torch.ops.torchquant.linear_dynamic`` (``linear_dynamic_fp16``) call, as
+    torch.ao keeps ``torch.ops.quantized.linear(_relu)_dynamic(_fp16)``.  The int8 weight, its
+    qparams (0-d per tensor, 1-d per channel) and the bias (float16 weight and bias for fp16)
+    become ``_packed_weight_<n>`` / ``_packed_weight_<n>_scale`` / ``_zero_point`` / ``_bias``
+    buffers read by ``get_attr`` nodes; the op packs them once (repacking after
+    ``load_state_dict`` changes them)."""
     args = list(node.args) + [None] * (3 - len(node.args))
     x_node, w_node, bias_node = args[:3]
     bias_node = node.kwargs.get("bias", bias_node)
@@ -805,14 +812,13 @@ def _lower_dynamic_functional_linear(gm: GraphModule, modules: dict[str, torch.n
     try:
         if w_node.op == "call_function" and w_node.target is round_to_float16:
             weight = _attr_value(gm, w_node.args[0])
-            w_q, dtype = weight.detach(), torch.float16
+            w_q = None
             w_nodes = [w_node]
         elif w_node.op == "call_method" and w_node.target == "dequantize" and \
                 _is_quantize(w_node.args[0]):
             w_quant = w_node.args[0]
             weight = _attr_value(gm, w_quant.args[0])
             w_q = _quantized_weight(gm, w_quant, weight)
-            dtype = _dt.qint8
             w_nodes = [w_node, w_quant]
         else:
             return False
@@ -821,20 +827,35 @@ def _lower_dynamic_functional_linear(gm: GraphModule, modules: dict[str, torch.n
         return False
     users = list(node.users)
     relu = len(users) == 1 and _is_relu(users[0], modules)
-    cls = nniqd.LinearReLU if relu else nnqd.Linear
-    qlinear = cls(weight.shape[1], weight.shape[0], bias is not None, dtype=dtype)
-    qlinear.set_weight_bias(w_q, None if bias is None else bias.detach())
-    module_name = _new_attr_name(gm, f"{node.name}_dynamic_")
-    gm.add_submodule(module_name, qlinear)
-    _keep_original_weights(gm, module_name, weight, bias)
-    modules[module_name] = qlinear
+    holder = _new_attr_name(gm, "_packed_weight_")
+    if w_q is None:
+        buffers = [("", to_float16_weight(weight))]
+    else:
+        scale, zero_point = weight_qparams(torch.as_tensor(w_q.scale),
+                                           torch.as_tensor(w_q.zero_point), w_q.axis)
+        buffers = [("", w_q.int_data), ("_scale", scale), ("_zero_point", zero_point)]
+    if bias is not None:
+        buffers.append(("_bias", bias.detach().float()))
+    graph = gm.graph
+    attrs = []
+    with graph.inserting_before(node):
+        for suffix, value in buffers:
+            gm.register_buffer(holder + suffix, value.detach().clone().contiguous())
+            attrs.append(graph.get_attr(holder + suffix))
+        if w_q is None:
+            op, op_args = torch.ops.torchquant.linear_dynamic_fp16.default, (
+                source, attrs[0], attrs[1] if bias is not None else None, relu)
+        else:
+            op, op_args = torch.ops.torchquant.linear_dynamic.default, (
+                source, *attrs[:3], attrs[3] if bias is not None else None,
+                _DYNAMIC_REDUCE_RANGE, relu)
+        lowered = graph.call_function(op, op_args)
+    _keep_original_weights(gm, holder, weight, bias)
     tail = users[0] if relu else node
-    with gm.graph.inserting_before(node):
-        lowered = gm.graph.call_module(module_name, (source,))
     tail.replace_all_uses_with(lowered)
     if relu:
-        gm.graph.erase_node(tail)
-    gm.graph.erase_node(node)
+        graph.erase_node(tail)
+    graph.erase_node(node)
     _drop_if_unused(gm, [x_node] + ([x_node.args[0]] if x_node.op == "call_method" else [])
                     + w_nodes)
     return True
