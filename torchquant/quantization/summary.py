@@ -165,7 +165,26 @@ def summary(model: nn.Module) -> QuantizationSummary:
             by_design = (reason.startswith("no qconfig") or reason == "not converted yet"
                          or isinstance(module, _FLOAT_BY_DESIGN))
         entries.append(ModuleCoverage(name, type(module).__name__, state, reason, by_design))
+    entries.extend(_quantized_calls(model))
     return QuantizationSummary(tuple(entries))
+
+
+def _quantized_calls(model: nn.Module) -> list[ModuleCoverage]:
+    """The quantized weighted ops an FX-converted graph calls as functions rather than modules
+    (a functional ``F.linear`` under a dynamic qconfig, as torch.ao keeps it): each counts as a
+    quantized unit named by its node."""
+    graph = getattr(model, "graph", None)
+    if graph is None:
+        return []
+    rows = []
+    for node in graph.nodes:
+        packet = getattr(node.target, "overloadpacket", None) if node.op == "call_function" \
+            else None
+        name = getattr(packet, "__name__", "")
+        if getattr(packet, "_qualified_op_name", "").startswith("torchquant::") and \
+                name.startswith(("linear", "conv")):
+            rows.append(ModuleCoverage(node.name, name, "quantized"))
+    return rows
 
 
 def record(model: nn.Module, stage: str, reasons: Optional[dict] = None) -> QuantizationSummary:
