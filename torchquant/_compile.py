@@ -16,9 +16,12 @@ and then compiled.  Timings are in BENCHMARKS.md.
 """
 from __future__ import annotations
 
-from typing import Any
+import functools
+import threading
+from typing import Any, Callable
 
 import torch
+import torch._inductor.config as _inductor_config
 from torch.fx import GraphModule
 
 from .kernels import linear as _klinear
@@ -38,8 +41,8 @@ def compile(model: Any, *, lower: bool = True, use_torch_compile: bool = True,
             inplace: bool = False, **compile_kwargs: Any) -> Any:
     """Compile a converted model onto int8 kernels.
 
-    A PT2E graph goes to ``torch.compile`` with inductor freezing (for this compile only; the
-    global inductor config is not touched), whose torchquant pass turns each dequantize ->
+    A PT2E graph goes to ``torch.compile`` with inductor freezing and the C++ wrapper (for this
+    compile only; ``options`` may turn either off), whose torchquant pass turns each dequantize ->
     conv / linear -> quantize into a oneDNN int8 call with its weight prepacked (call the
     compiled model under ``torch.no_grad()`` or ``torch.inference_mode()``: inductor freezes
     inference graphs only).  Where that pass does not apply (oneDNN inexact on this CPU,
@@ -65,8 +68,44 @@ def compile(model: Any, *, lower: bool = True, use_torch_compile: bool = True,
         return torch.compile(model, **compile_kwargs)
     options = dict(compile_kwargs.get("options") or {})
     options.setdefault("freezing", True)
+    # the generated forward in C++: a batch-1 call is dozens of oneDNN calls, whose Python
+    # wrapper cost is a tenth of its time (BENCHMARKS.md, 2026-12-05)
+    options.setdefault("cpp_wrapper", True)
     compile_kwargs["options"] = options
-    return torch.compile(model, **compile_kwargs)
+    compiled = torch.compile(model, **compile_kwargs)
+    if options["freezing"]:
+        compiled.forward = _traced_for_freezing(compiled.forward)
+    return compiled
+
+
+_freezing_lock = threading.Lock()
+_freezing_calls = [0, False]  # calls inside, the user's own setting when the first came in
+
+
+def _traced_for_freezing(forward: Callable) -> Callable:
+    """``forward`` with inductor's global ``freezing`` flag on while it runs.
+
+    ``options={"freezing": True}`` reaches inductor but not Dynamo, which decides from the
+    global flag, while it traces, whether the module's weights are static inputs that freezing
+    may fold: without it they stay graph inputs and nothing is frozen (the int8 convs would run
+    in float on weights dequantized every call).  Dynamo traces inside a call (the first one,
+    and a recompile on new shapes), so the flag is set around each call and the user's value
+    restored after the last concurrent one returns."""
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with _freezing_lock:
+            if _freezing_calls[0] == 0:
+                _freezing_calls[1] = _inductor_config.freezing
+                _inductor_config.freezing = True
+            _freezing_calls[0] += 1
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            with _freezing_lock:
+                _freezing_calls[0] -= 1
+                if _freezing_calls[0] == 0:
+                    _inductor_config.freezing = _freezing_calls[1]
+    return run
 
 
 def _inductor_fuses(compile_kwargs: dict) -> bool:

@@ -3,6 +3,7 @@
 prepacked weights; no Python-implemented torchquant op is left in the generated code.
 (ops/inductor/fusion.py)"""
 import copy
+import re
 
 import pytest
 import torch
@@ -90,10 +91,19 @@ def test_tutorial_flow_fuses_into_onednn_with_eager_integers(converted):
     scale = (reference[0][reference[0] > 0].min()).item()
     steps = _steps(pooled, reference[0], scale)
     assert steps.max() <= 1 and (steps > 0).float().mean() < 0.01
-    # torchquant.compile takes the same path (freezing for that compile only)
+    # torchquant.compile takes the same path (freezing for that compile only).  Its weights
+    # must reach inductor frozen: options={"freezing": True} alone leaves Dynamo tracing them
+    # as graph inputs, and the convs ran in float on weights dequantized every call (3x slower
+    # than the tutorial flow, the same integers here, so only the code tells)
     torch._dynamo.reset()
-    with torch.no_grad():
-        again = torchquant.compile(converted)(x)
+    with inductor_config.patch(fx_graph_cache=False), torch.no_grad():
+        again, code = run_and_get_code(torchquant.compile(copy.deepcopy(converted)), x)
+    code = "".join(code)
+    # (its forward is C++: oneDNN's ops appear as their C shims)
+    assert code.count("aoti_torch_cpu__qconv_pointwise_tensor(") == 4
+    assert "aoti_torch_cpu__qconv2d_pointwise_binary_tensor(" in code
+    assert not re.search(r"aoti_torch_cpu_\w*convolution", code)  # no float conv
+    assert "torch.ops.torchquant" not in code
     assert torch.equal(again[0], pooled)
     assert not inductor_config.freezing
 
