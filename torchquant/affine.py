@@ -226,7 +226,8 @@ def _concrete(*tensors: torch.Tensor) -> bool:
 def choose_qparams_aten(min_val: torch.Tensor, max_val: torch.Tensor, qmin: int, qmax: int,
                         preserve_sparsity: bool = False,
                         reduce_range: bool = False,
-                        fbgemm: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                        fbgemm: bool = False,
+                        float32_scale: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """ATen's ``ChooseQuantizationParams`` vectorised over channels.
 
     Used by the fused moving-average fake-quant and by dynamic quantization. It differs from
@@ -274,7 +275,7 @@ def choose_qparams_aten(min_val: torch.Tensor, max_val: torch.Tensor, qmin: int,
         new_mx = torch.where(mn == 0, thr * (qmax - qmin), torch.where(mx == 0, mx, mx * amplifier))
         mn = torch.where(small, new_mn, mn)
         mx = torch.where(small, new_mx, mx)
-        scale = torch.where(small, torch.full_like(scale, thr.double().item()), scale)
+        scale = torch.where(small, torch.full_like(scale, _f32(SMALL_SCALE_THRESHOLD)), scale)
     mnd, mxd = mn.double(), mx.double()
     zp_from_min = qmin - mnd / scale
     zp_from_max = qmax - mxd / scale
@@ -286,7 +287,7 @@ def choose_qparams_aten(min_val: torch.Tensor, max_val: torch.Tensor, qmin: int,
         zp = torch.where(straddles, torch.full_like(zp, (qmin + qmax) / 2), zp)
     zp = torch.where(zp < qmin, torch.full_like(zp, qmin),
                      torch.where(zp > qmax, torch.full_like(zp, qmax), torch.round(zp)))
-    return scale.float(), zp.to(torch.int64)
+    return (scale.float() if float32_scale else scale), zp.to(torch.int64)
 
 
 # --------------------------------------------------------------------------------------------

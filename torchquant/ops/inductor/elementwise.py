@@ -102,3 +102,9 @@ def register() -> None:
                    (tq.dequantize_per_tensor.default, _dequantize_per_tensor),
                    (tq.dequantize_per_channel.default, _dequantize_per_channel)):
         register_lowering(op, type_promotion_kind=None)(fn)
+    # dynamic quantization: min / max reduction, qparams and codes as tensor ops inductor
+    # fuses (one entry of its decomposition table, for torchquant's op only)
+    from torch._inductor.decomposition import decompositions
+    from ..quantize_dynamic import quantize_dynamic_per_tensor_decomposed
+    decompositions[tq.quantize_dynamic_per_tensor.default] = \
+        quantize_dynamic_per_tensor_decomposed

@@ -39,6 +39,7 @@ from ...kernels import linear as _klinear
 __all__ = ["register"]
 
 aten = torch.ops.aten
+prims = torch.ops.prims
 
 
 def _tq():
@@ -318,6 +319,29 @@ def _linear_operands(node: fx.Node) -> Optional[tuple]:
     return None
 
 
+def _dynamic_activation(node: Any) -> Optional[tuple]:
+    """(uint8 integers, scale, zero point) nodes of a dequantize with qparams computed in the
+    graph (dynamic quantization) as inductor decomposes it: ``(float(q) - zp) * float(scale)``
+    with ``q`` uint8 and ``scale`` / ``zp`` 0-d float / integer tensors."""
+    convert = prims.convert_element_type.default
+    if not (_is(node, aten.mul.Tensor) and len(node.args) == 2):
+        return None
+    sub, scale_f = node.args
+    if not (_is(sub, aten.sub.Tensor) and len(sub.args) == 2 and not sub.kwargs
+            and _is(scale_f, convert) and _is(sub.args[0], convert)):
+        return None
+    q, scale, zp = sub.args[0].args[0], scale_f.args[0], sub.args[1]
+    vals = [n.meta.get("val") if isinstance(n, fx.Node) else None for n in (q, scale, zp)]
+    if any(v is None for v in vals):
+        return None
+    q_val, scale_val, zp_val = vals
+    if not (q_val.dtype == torch.uint8 and scale_val.dim() == 0 and zp_val.dim() == 0
+            and scale_val.dtype.is_floating_point and not zp_val.dtype.is_floating_point
+            and not zp_val.dtype == torch.bool):
+        return None
+    return q, scale, zp
+
+
 def _fuse_linear(g: _Graph, node: fx.Node) -> bool:
     operands = _linear_operands(node)
     if operands is None:
@@ -325,6 +349,8 @@ def _fuse_linear(g: _Graph, node: fx.Node) -> bool:
     x_arg, wt_arg, b_arg = operands
     if not (_is(wt_arg, aten.permute.default) and list(wt_arg.args[1]) == [1, 0]):
         return False
+    if _dynamic_source(x_arg) is not None:
+        return _fuse_dynamic_linear(g, node, x_arg, wt_arg, b_arg)
     act = _activation(x_arg)
     weight = _weight(g.gm, wt_arg.args[0], 0)
     bias = _constant(g.gm, b_arg) if b_arg is not None else None
@@ -343,6 +369,43 @@ def _fuse_linear(g: _Graph, node: fx.Node) -> bool:
             tail.scalars, "")
     fake = _fake_like(tail.last.meta["val"], out_dtype, torch.contiguous_format)
     _replace(tail.last, torch.ops.onednn.qlinear_pointwise.default, args, fake)
+    return True
+
+
+def _dynamic_source(x: Any) -> Optional[tuple]:
+    """:func:`_dynamic_activation` of a linear's input, seen through the view to 2-D that
+    inductor puts between them for a 3-D input."""
+    if _is(x, aten.view.default) or _is(x, aten.reshape.default):
+        x = x.args[0]
+    return _dynamic_activation(x)
+
+
+def _fuse_dynamic_linear(g: _Graph, node: fx.Node, x_arg: fx.Node, wt_arg: fx.Node,
+                         b_arg: Any) -> bool:
+    """``addmm`` / ``mm`` of a dynamically quantized activation (viewed to 2-D or not) and a
+    frozen int8 weight -> oneDNN's int8 linear with float output, reading the activation's
+    scale and zero point as tensors computed in the same compiled forward (as torchao's
+    dynamic X86 flow lowers)."""
+    q, scale, zp = _dynamic_source(x_arg)
+    weight = _weight(g.gm, wt_arg.args[0], 0)
+    bias = _constant(g.gm, b_arg) if b_arg is not None else None
+    if weight is None or (b_arg is not None and (bias is None or bias.dim() != 1)):
+        return False
+    w, w_scale, w_zp = weight
+    if x_arg.target in (aten.view.default, aten.reshape.default):
+        with node.graph.inserting_before(node):
+            q = node.graph.call_function(x_arg.target, (q, x_arg.args[1]))
+        q.meta["val"] = q.args[0].meta["val"].view(x_arg.meta["val"].shape)
+    tail = _Tail(node, allow_add=False)
+    if tail.out is not None:    # a static quantize after a dynamic linear: not this form
+        return False
+    packed = torch.ops.onednn.qlinear_prepack(w, None)
+    args = (q, scale, zp, g.constant(packed, node, "packed_linear_weight"),
+            g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"),
+            None if bias is None else g.constant(bias.to(torch.float32), node, "bias"),
+            1.0, 0, torch.float32, tail.unary, tail.scalars, "")
+    fake = _fake_like(tail.last.meta["val"], torch.float32, torch.contiguous_format)
+    _replace(tail.last, torch.ops.onednn.qlinear_pointwise.tensor, args, fake)
     return True
 
 
@@ -391,7 +454,7 @@ def _x_is_dequantized(match: Any) -> bool:
     node = match.output_node()
     operands = _linear_operands(node)
     x = operands[0] if operands is not None else node.args[0]
-    return _activation(x) is not None
+    return _activation(x) is not None or (operands is not None and _dynamic_source(x) is not None)
 
 
 def _fold_rewrite(g: _Graph, node: fx.Node) -> bool:
