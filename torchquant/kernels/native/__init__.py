@@ -24,12 +24,13 @@ from typing import Any, Optional
 
 import torch
 
+from ... import affine as _affine
 from ..._log import emit_once
 from .. import cpu_isa
 from ..registry import implementations, register
 
 __all__ = ["available", "describe", "isa", "exact_u8", "force_isa", "pack", "dynamic_linear",
-           "static_linear", "lstm_sequence", "gru_sequence"]
+           "static_linear", "lstm_sequence", "gru_sequence", "quantized_add", "quantize"]
 
 _LIBRARY = Path(__file__).with_name("_C.so")
 _state: dict[str, Any] = {}
@@ -207,6 +208,57 @@ def gru_sequence(ih: torch.Tensor, h0: torch.Tensor, packed: Any, reduce_range: 
                                                            reverse)
 
 
+# The AVX2 loops of the quantize and the quantized add (False: their scalar loops, the same
+# integers; for tests).
+VECTOR_LOOPS = True
+
+
+def _add_applies(x: torch.Tensor, *_: Any, **__: Any) -> bool:
+    return x.dtype in (torch.uint8, torch.int8)
+
+
+def quantized_add(x: torch.Tensor, y: torch.Tensor, x_scale: torch.Tensor,
+                  x_premul: torch.Tensor, y_scale: torch.Tensor, y_premul: torch.Tensor,
+                  inv_out: torch.Tensor, zp_out: torch.Tensor, qmin: int, qmax: int,
+                  storage_dtype: torch.dtype, relu: bool) -> torch.Tensor:
+    """The registry's ``add`` (the reference formula's arguments) in one native pass."""
+    if y.dtype != x.dtype or y.shape != x.shape or storage_dtype != x.dtype:
+        kernel = implementations("add")["reference"]
+        return kernel.fn(x, y, x_scale, x_premul, y_scale, y_premul, inv_out, zp_out, qmin,
+                         qmax, storage_dtype, relu)
+    return torch.ops.torchquant_native.quantized_add(x, y, x_scale, x_premul, y_scale, y_premul,
+                                                     inv_out, zp_out, qmin, qmax, relu,
+                                                     VECTOR_LOOPS)
+
+
+def _dense(x: torch.Tensor) -> bool:
+    return x.is_contiguous() or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
+
+
+def _quantize_applies(x: torch.Tensor, mode: str = "", per_channel: bool = True,
+                      **_: Any) -> bool:
+    return x.dtype == torch.float32 and mode == _affine.FMA and not per_channel
+
+
+def quantize(x: torch.Tensor, inv: torch.Tensor, zp: torch.Tensor, qmin: int, qmax: int,
+             storage_dtype: torch.dtype, mode: str) -> torch.Tensor:
+    """The registry's ``quantize`` (per tensor, FMA rounding, 8-bit codes) in one native pass;
+    other forms go to the reference formula."""
+    if (mode != _affine.FMA or inv.numel() != 1 or zp.numel() != 1
+            or storage_dtype not in (torch.uint8, torch.int8) or x.dtype != torch.float32
+            or inv.dtype != torch.float32 or zp.dtype != torch.float32
+            or not _dense(x)):
+        return implementations("quantize")["reference"].fn(x, inv, zp, qmin, qmax,
+                                                           storage_dtype, mode)
+    nan = _affine.nan_code(qmin, qmax, storage_dtype, mode)
+    return torch.ops.torchquant_native.quantize_per_tensor_fma(
+        x, inv, zp, qmin, qmax, float(nan), storage_dtype == torch.int8, VECTOR_LOOPS)
+
+
+register("add", "native", devices=("cpu",), applies=_add_applies,
+         available=available)(quantized_add)
+register("quantize", "native", devices=("cpu",), applies=_quantize_applies,
+         available=available)(quantize)
 register("dynamic_linear_float", "native", devices=("cpu",), applies=_applies,
          available=available)(dynamic_linear)
 register("quantized_linear", "native", devices=("cpu",), applies=_static_applies,

@@ -16,6 +16,7 @@ import torch
 
 from ... import affine
 from ... import dtypes as _dt
+from ..quantize_dynamic import quantize_dynamic_per_tensor_decomposed
 
 __all__ = ["register"]
 
@@ -105,6 +106,5 @@ def register() -> None:
     # dynamic quantization: min / max reduction, qparams and codes as tensor ops inductor
     # fuses (one entry of its decomposition table, for torchquant's op only)
     from torch._inductor.decomposition import decompositions
-    from ..quantize_dynamic import quantize_dynamic_per_tensor_decomposed
     decompositions[tq.quantize_dynamic_per_tensor.default] = \
         quantize_dynamic_per_tensor_decomposed
