@@ -8,7 +8,10 @@ per tensor with ATen's qparam rule, fbgemm's quantize, GEMM and float epilogue),
 uint8 Linear (fbgemm's requantizing epilogue, ReLU fused), and the dynamic LSTM / GRU loops
 (that dynamic Linear on the hidden state, then torch's CPU cell arithmetic, fused into a few
 passes with ATen's own sigmoid / tanh math; every step in C++).  fbgemm picks AVX2 / AVX-512 /
-VNNI kernels at run time; :func:`force_isa` forces a lower one for tests.
+VNNI kernels at run time; :func:`force_isa` forces a lower one for tests.  Two elementwise
+loops of torchquant's own (``csrc/elementwise.cpp``, AVX2 with a scalar twin,
+:data:`VECTOR_LOOPS`): the per-tensor quantize and the quantized add, the reference formulas'
+integers in one pass.
 
 Where the library was not built, fails to load, the CPU lacks AVX2, or ``TORCHQUANT_NATIVE=0``
 is set, :func:`available` is false and the registry's other kernels run; :func:`describe`
