@@ -13,18 +13,21 @@ Workloads (``--quick``: smaller inputs and budgets, to check that everything run
 * the torchao PT2E tutorial renamed: ResNet-18-shaped (width 32) and MobileNetV2-shaped
   (width 0.5) CNNs on 3x32x32, batch 1 / 16 / 64 (quick: 1 / 4), 2 threads and 1 thread:
   float eager; torchao PT2E + plain ``torch.compile`` with inductor freezing; the same steps
-  with torchquant's names; ``torchquant.compile`` of the torchquant PT2E model.
+  with torchquant's names; ``torchquant.compile`` of the torchquant PT2E model.  Each thread
+  count gets its own compiles, made under that count.
 
 * ResNet-18-shaped CNN, static int8, batch 1 and 16 (224x224; quick: 64x64, batch 1 and 4):
   float eager; torch.ao eager (x86, fused, get_default_qconfig('x86')); torch.ao FX (x86
   qconfig mapping); torchao 0.18 PT2E (X86InductorQuantizer) + inductor with freezing; ONNX
   Runtime quantize_static (QDQ, per-channel weights); torchquant eager (same recipe as
   torch.ao eager), torchquant eager + torch.compile, and torchquant.compile on the PT2E-converted
-  model (torchquant's X86InductorQuantizer).
+  model (torchquant's X86InductorQuantizer), directly and after ``lower_pt2e``.
 * all-MiniLM-L6-v2 encoder, dynamic int8 Linear, batch 32 x 128 tokens (quick: 4 x 32):
   float; torch.ao quantize_dynamic; torchao PT2E dynamic + inductor (freezing); ORT
-  quantize_dynamic per-channel (``reduce_range`` on CPUs without VNNI, as ORT advises); torchquant quantize_dynamic eager, eager + torch.compile, and
-  torchquant.compile on the PT2E dynamic-converted encoder.
+  quantize_dynamic per-channel (``reduce_range`` on CPUs without VNNI, as ORT advises);
+  torchquant quantize_dynamic eager, eager + torch.compile; the PT2E dynamic-converted
+  encoder under the tutorial's plain torch.compile + freezing, ``torchquant.compile``, and
+  ``torchquant.compile`` after ``lower_pt2e``.
 * LSTM 2 layers x 512, dynamic, batch 8 x seq 64 (quick: seq 16): float; torch.ao
   quantize_dynamic; ORT quantize_dynamic per-channel; torchquant quantize_dynamic eager
   (+ torch.compile).
@@ -257,8 +260,10 @@ def cnn(quick: bool, timing: dict, tmp: str) -> None:
     _try("torchquant PT2E lowered (no compile)",
          lambda: converted.setdefault("m", torchquant.compile(torchquant_pt2e(),
                                                               use_torch_compile=False)), impls)
+    _try("torchquant.compile PT2E",
+         lambda: _warm(torchquant.compile(torchquant_pt2e()), list(inputs.values())), impls)
     if "m" in converted:
-        _try("torchquant.compile PT2E",
+        _try("torchquant.compile PT2E lowered",
              lambda: _warm(torchquant.compile(converted["m"], lower=False),
                            list(inputs.values())), impls)
         _profile(converted["m"])
@@ -353,8 +358,12 @@ def minilm(quick: bool, timing: dict, tmp: str) -> None:
          lambda: call(lowered.setdefault("m", torchquant.compile(torchquant_pt2e(),
                                                                  use_torch_compile=False))),
          impls)
+    _try("torchquant PT2E (tutorial)",
+         lambda: _warm(call(torch.compile(torchquant_pt2e())), [feed], freezing=True), impls)
+    _try("torchquant.compile PT2E",
+         lambda: _warm(call(torchquant.compile(torchquant_pt2e())), [feed]), impls)
     if "m" in lowered:
-        _try("torchquant.compile PT2E",
+        _try("torchquant.compile PT2E lowered",
              lambda: _warm(call(torchquant.compile(lowered["m"], lower=False)), [feed]), impls)
         _profile(lowered["m"])
 
@@ -500,22 +509,26 @@ def tutorial(quick: bool, timing: dict, tmp: str) -> None:
         float_model = make().eval()
         calib = [torch.randn(4, 3, 32, 32) for _ in range(2)]
         inputs = {f"batch {b}": torch.randn(b, 3, 32, 32) for b in batches}
-        impls: dict[str, Callable] = {"float": float_model}
         warm_inputs = list(inputs.values())
 
         def compiled(lib: str) -> Callable:
             model = _pt2e_tutorial(lib, float_model, (calib[0],), calib)
             return _warm(torch.compile(model), warm_inputs, freezing=True)
 
-        _try("torchao PT2E", lambda: compiled("torchao"), impls)
-        _try("torchquant PT2E (tutorial)", lambda: compiled("torchquant"), impls)
-        _try("torchquant.compile PT2E",
-             lambda: _warm(torchquant.compile(_pt2e_tutorial("torchquant", float_model,
-                                                             (calib[0],), calib)),
-                           warm_inputs), impls)
         threads = torch.get_num_threads()
         for n in (threads, 1):
+            # Each thread count gets its own compiles, made with that count: oneDNN weights
+            # prepacked at freezing for one thread count make every call at another reorder
+            # them (torchao's and torchquant's alike; see BENCHMARKS.md 2026-12-05).
             torch.set_num_threads(n)
+            torch._dynamo.reset()
+            impls: dict[str, Callable] = {"float": float_model}
+            _try("torchao PT2E", lambda: compiled("torchao"), impls)
+            _try("torchquant PT2E (tutorial)", lambda: compiled("torchquant"), impls)
+            _try("torchquant.compile PT2E",
+                 lambda: _warm(torchquant.compile(_pt2e_tutorial("torchquant", float_model,
+                                                                 (calib[0],), calib)),
+                               warm_inputs), impls)
             report(f"{title}, static int8, PT2E tutorial flow, {n} thread(s)", impls, inputs,
                    sqnr_db, "SQNR dB", timing)
         torch.set_num_threads(threads)
