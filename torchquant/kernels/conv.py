@@ -359,7 +359,10 @@ def _unit_stride_twin(packed: PackedConvWeight) -> PackedConvWeight:
     some small inputs -- e.g. [1, 8, 4, 4] or [1, 24, 4, 4] at stride 2 gave a different
     result on each call, with or without a shape-sized weight.  A 1x1 conv with stride s and
     no padding is the stride-1 conv of every s-th input position (the same integers), and
-    oneDNN's stride-1 kernel showed no such variation."""
+    oneDNN's stride-1 kernel showed no such variation.  Taken where oneDNN's u8 x s8 kernels
+    are the saturating AVX2 / AVX-512 ones (and where that is forced); its VNNI kernels gave
+    the same, correct result on every call for 135 such shapes (tests/kernels/test_conv.py
+    checks a set of them), and the rewrite's extra copy made a downsample conv 2.3x torch.ao's."""
     if not packed.unit_stride_twin:
         args = list(packed._pack_args())
         args[5] = (1,) * packed.spatial_dims
@@ -375,7 +378,7 @@ def _subsampled(x: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
 def _onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedConvWeight,
                  out_scale: Scalar, out_zp: Scalar, post_op: PostOp,
                  other: Optional[torch.Tensor]) -> _Plan:
-    if _strided_pointwise(packed):
+    if _strided_pointwise(packed) and not onednn_u8s8_exact():
         stride = packed.stride
         inner = _onednn_plan_unit(_subsampled(x, stride), x_scale, x_zp,
                                   _unit_stride_twin(packed), out_scale, out_zp, post_op, other)
@@ -583,7 +586,7 @@ def conv_exact_float(x: torch.Tensor, x_scale: float, x_zp: int,
     floats are those of always splitting (the ``hi`` half of an input below 128 is zero)."""
     if packed.onednn_weight is None or packed.transposed:
         raise ValueError("conv_exact_float needs a oneDNN-packed (non-transposed) conv weight")
-    if _strided_pointwise(packed):  # see _unit_stride_twin
+    if _strided_pointwise(packed) and not onednn_u8s8_exact():  # see _unit_stride_twin
         x, packed = _subsampled(x, packed.stride), _unit_stride_twin(packed)
     bits = _sparse.high_bits(x, _sparse_pays(packed, x))
     return _halves_float(x, bits, float(x_scale), int(x_zp), packed)
