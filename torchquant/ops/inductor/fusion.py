@@ -392,13 +392,13 @@ def _fuse_dynamic_linear(g: _Graph, node: fx.Node, x_arg: fx.Node, wt_arg: fx.No
     if weight is None or (b_arg is not None and (bias is None or bias.dim() != 1)):
         return False
     w, w_scale, w_zp = weight
+    tail = _Tail(node, allow_add=False)
+    if tail.out is not None:    # a static quantize after a dynamic linear: not this form
+        return False
     if x_arg.target in (aten.view.default, aten.reshape.default):
         with node.graph.inserting_before(node):
             q = node.graph.call_function(x_arg.target, (q, x_arg.args[1]))
         q.meta["val"] = q.args[0].meta["val"].view(x_arg.meta["val"].shape)
-    tail = _Tail(node, allow_add=False)
-    if tail.out is not None:    # a static quantize after a dynamic linear: not this form
-        return False
     packed = torch.ops.onednn.qlinear_prepack(w, None)
     args = (q, scale, zp, g.constant(packed, node, "packed_linear_weight"),
             g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"),
