@@ -84,8 +84,9 @@ def linear_cases(timing: dict) -> tuple[list, list]:
         packed = pack_linear_weight(qw.int_repr(), qw.q_per_channel_scales(),
                                     qw.q_per_channel_zero_points(), 0, b)
         qx = torch.quantize_per_tensor(x, 0.03, 64, torch.quint8)
-        x_int, x_scale, x_zp = qx.int_repr(), torch.tensor(0.03, dtype=torch.float64), torch.tensor(64)
-        out_scale, out_zp = torch.tensor(0.2, dtype=torch.float64), torch.tensor(70)
+        # Python-number qparams, as torch.ao's call takes its output qparams and as modules call
+        x_int, x_scale, x_zp = qx.int_repr(), 0.03, 64
+        out_scale, out_zp = 0.2, 70
         t = best_times({
             "ours": lambda: quantized_linear(x_int, x_scale, x_zp, packed, out_scale, out_zp),
             "torch.ao": lambda: torch.ops.quantized.linear(qx, torch_params, 0.2, 70),

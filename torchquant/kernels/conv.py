@@ -26,14 +26,12 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from . import cpu_isa as _cpu_isa
 from . import sparse_correction as _sparse
 from .registry import get, register
-from .registry import mode as kernel_mode
 from .. import affine
 from .. import dtypes as _dt
-from .linear import (DEFAULT_NEGATIVE_SLOPE, PostOp, Scalar, activation_qdtype, check_bias,
-                     check_weight_qparams, ONEDNN_SAFE_U8_MAX, onednn_u8s8_exact, onednn_usable,
+from .linear import (DEFAULT_NEGATIVE_SLOPE, PostOp, Scalar, activation_qdtype, call_key,
+                     check_bias, check_weight_qparams, ONEDNN_SAFE_U8_MAX, onednn_u8s8_exact, onednn_usable,
                      per_channel_view, post_op_of, quantize_post_op, validated_qparams)
 
 __all__ = ["PackedConvWeight", "pack_conv_weight", "quantized_conv", "quantized_conv_transpose"]
@@ -244,7 +242,7 @@ def quantized_conv(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: P
     ``other_zero_point``: torch's ConvAdd2d / ConvAddReLU2d).
     """
     op = "quantized_conv"
-    key = _plan_key(x_int, x_scale, x_zp, stride, padding, dilation, groups, out_scale, out_zp,
+    key = call_key(x_int, x_scale, x_zp, stride, padding, dilation, groups, out_scale, out_zp,
                     post_op, negative_slope, other_scale, other_zero_point,
                     None if other is None else (other.dtype, other.shape))
     plan = packed.plans.get(key) if key is not None else None
@@ -271,22 +269,6 @@ def quantized_conv(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: P
 _PLAN_CACHE_SIZE = 16
 
 
-def _plan_key(x: torch.Tensor, *call: Any) -> Optional[tuple]:
-    """A hashable description of a conv call, or None where calls are not cached (tracing,
-    tensor qparams, list geometry)."""
-    if torch.compiler.is_compiling():
-        return None
-    key = (tuple(x.shape), x.stride(), x.dtype, x.device, kernel_mode(), _cpu_isa.cpu_isa_cap(),
-           *call)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    if any(isinstance(v, torch.Tensor) for v in call):
-        return None
-    return key
-
-
 def cached_conv_plan(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
                      packed: PackedConvWeight, out_scale: Scalar, out_zp: Scalar,
                      post_op: str = "none",
@@ -294,7 +276,7 @@ def cached_conv_plan(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
     """The plan :func:`quantized_conv` built (and checked) for a call like this one -- the
     packed geometry, no added ``other`` -- as ``plan(x_int, None)``; None where it has none
     (not yet called, another kernel, tracing).  Eager modules keep it under a cheaper key."""
-    key = _plan_key(x_int, x_scale, x_zp, packed.stride, packed.padding, packed.dilation,
+    key = call_key(x_int, x_scale, x_zp, packed.stride, packed.padding, packed.dilation,
                     packed.groups, out_scale, out_zp, post_op, negative_slope, 1.0, 0, None)
     return None if key is None else packed.plans.get(key)
 

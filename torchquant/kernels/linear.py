@@ -282,6 +282,8 @@ class PackedLinearWeight:
     # The eager modules' per-call cache (nn.quantized Linear: call key -> linear_plan's plan
     # and the output qparams), dropped with this pack when the weight changes.
     eager_calls: dict = field(default_factory=dict, repr=False)
+    # :func:`quantized_linear`'s checked, bound calls (call_key -> linear_plan's plan).
+    plans: dict = field(default_factory=dict, repr=False)
 
     @property
     def in_features(self) -> int:
@@ -505,6 +507,25 @@ _FINITE_INV_SCALE_LIMIT = 3.0e38
 # Static: quantized activations in, requantized activations out
 # --------------------------------------------------------------------------------------------
 
+def call_key(x: torch.Tensor, *call: Any) -> Optional[tuple]:
+    """A hashable description of a kernel call on ``x`` (its shape, strides, dtype, device,
+    the kernel mode and CPU cap, and the call's other arguments) under which a checked, bound
+    plan may be kept; None where calls are not cached (tracing, tensor qparams, lists)."""
+    if torch.compiler.is_compiling():
+        return None
+    key = (tuple(x.shape), x.stride(), x.dtype, x.device, mode(), cpu_isa.cpu_isa_cap(), *call)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    if any(isinstance(v, torch.Tensor) for v in call):
+        return None
+    return key
+
+
+_PLAN_CACHE_SIZE = 16
+
+
 def quantized_linear(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
                      packed: PackedLinearWeight, out_scale: Scalar, out_zero_point: Scalar,
                      out_dtype: Any = _dt.quint8, post_op: str = "none", *,
@@ -519,6 +540,19 @@ def quantized_linear(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
     ``leaky_relu`` (``negative_slope``), ``tanh``, or ``add`` / ``add_relu`` of ``other``
     (integers of the output's shape quantized with ``other_scale`` / ``other_zero_point``).
     """
+    key = None if other is not None else call_key(x_int, x_scale, x_zero_point, out_scale,
+                                                    out_zero_point, out_dtype, post_op,
+                                                    negative_slope)
+    plan = packed.plans.get(key) if key is not None else None
+    if plan is not None:  # this exact call was checked before
+        return plan(x_int)
+    if key is not None:
+        plan = linear_plan(x_int, x_scale, x_zero_point, packed, out_scale, out_zero_point,
+                           out_dtype, post_op, negative_slope)
+        if len(packed.plans) >= _PLAN_CACHE_SIZE:
+            packed.plans.clear()
+        packed.plans[key] = plan
+        return plan(x_int)
     op = "quantized_linear"
     x_qdtype = activation_qdtype(x_int, op)
     out_qdtype = output_qdtype(out_dtype, op)
@@ -738,6 +772,16 @@ def dynamic_linear(x_float: torch.Tensor, packed: PackedLinearWeight, reduce_ran
     qconfigs) chooses them for 0..127 -- but, as fbgemm does, values are clamped to 0..255, so
     the top of the range can land on 128.  ``reduce_range=False`` gives qnnpack's numbers.
     """
+    if (type(x_float) is torch.Tensor and x_float.dtype == torch.float32 and x_float.dim() >= 2
+            and x_float.numel() and x_float.size(-1) == packed.weight.size(1)
+            and not x_float.requires_grad):
+        # the common call (float32, no autograd) without the checks, detach and casts of the
+        # general path: they were a third of a small call's time
+        x2d = x_float if x_float.dim() == 2 else x_float.reshape(-1, x_float.size(-1))
+        fn = get("dynamic_linear_float", x2d, packed=packed, reduce_range=reduce_range)
+        y = fn(x2d, packed, reduce_range, relu)
+        return y if x_float.dim() == 2 else y.reshape(*x_float.shape[:-1], y.size(-1))
+
     def kernel(x2d: torch.Tensor) -> torch.Tensor:
         fn = get("dynamic_linear_float", x2d, packed=packed, reduce_range=reduce_range)
         return fn(x2d, packed, reduce_range, relu)
@@ -796,7 +840,7 @@ def _unit_epilogue_operands(packed: PackedLinearWeight) -> tuple:
         n = packed.out_features
         per_tensor = float(packed.channel_scale[0]) if packed.axis is None and n else None
         ones = torch.ones(n)
-        unit_pack = dataclasses.replace(packed, channel_scale=ones, bias=None,
+        unit_pack = dataclasses.replace(packed, channel_scale=ones, bias=None, plans={},
                                         requant_epilogues={}, eager_calls={})
         operands = packed.requant_epilogues["dynamic_unit"] = (
             ones, torch.zeros(n, dtype=torch.int64), per_tensor, unit_pack)
