@@ -1,13 +1,14 @@
 """``torchquant.compile``: the fastest way to run a converted model.
 
-On CPUs whose oneDNN u8 x s8 products are exact (VNNI, AMX) a PT2E model goes to
-``torch.compile`` with inductor freezing turned on for that compile; torchquant's freezing pass
+On CPUs whose oneDNN u8 x s8 products are exact (VNNI, AMX) a converted model (PT2E, eager or
+FX) goes to ``torch.compile`` with inductor freezing and the C++ wrapper turned on for that
+compile; torchquant's freezing pass
 (:mod:`torchquant.ops.inductor.fusion`) turns its dequantize -> conv / linear (+ relu /
 hardtanh / add / add+relu) -> quantize into oneDNN int8 calls with their weights prepacked at
 freezing; quantize / dequantize left over become fused C++
 (:mod:`torchquant.ops.inductor.elementwise`).  No Python runs per op in those parts of the
-compiled forward.  (The pass also rewrites ``torchquant::conv`` calls whose weights are frozen
-constants, e.g. in an exported eager-converted model compiled with freezing.)
+compiled forward.  (For eager / FX models the pass rewrites their ``torchquant::conv`` calls,
+whose weights freezing has made constants.)
 
 Elsewhere (oneDNN saturates u8 x s8 pairs; another backend or a ``mode``) a PT2E model is first
 lowered (:func:`torchquant.quantization.pt2e.lowering.lower_pt2e`: each dequantize -> conv /
@@ -46,8 +47,9 @@ def compile(model: Any, *, lower: bool = True, use_torch_compile: bool = True,
     conv / linear -> quantize into a oneDNN int8 call with its weight prepacked (call the
     compiled model under ``torch.no_grad()`` or ``torch.inference_mode()``: inductor freezes
     inference graphs only).  Where that pass does not apply (oneDNN inexact on this CPU,
-    another backend, a ``mode``) it is first lowered onto torchquant's fused ops.  Other
-    modules (eager- / FX-converted) are compiled as they are.
+    another backend, a ``mode``) it is first lowered onto torchquant's fused ops.  Eager- and
+    FX-converted modules take the same frozen compile where it applies (their convs' weights
+    become constants the pass packs for oneDNN); elsewhere they are compiled as they are.
 
     ``model``: a ``convert_pt2e`` output (``GraphModule``), a ``torch.export.ExportedProgram``
     of one, or any module (an eager-converted one: not lowered, compiled).  ``lower=False``
@@ -58,7 +60,9 @@ def compile(model: Any, *, lower: bool = True, use_torch_compile: bool = True,
     if isinstance(model, torch.export.ExportedProgram):
         model, inplace = model.module(), True
     pt2e = _is_pt2e_converted(model)
-    fused_by_inductor = pt2e and use_torch_compile and _inductor_fuses(compile_kwargs)
+    # eager- and FX-converted modules take the same frozen compile: the pass turns their
+    # torchquant::conv calls, whose weights freezing makes constants, into oneDNN calls too
+    fused_by_inductor = use_torch_compile and _inductor_fuses(compile_kwargs)
     if lower and pt2e and not fused_by_inductor:
         model = lower_pt2e(model, inplace=inplace)
     if not use_torch_compile:

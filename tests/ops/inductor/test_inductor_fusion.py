@@ -122,3 +122,37 @@ def test_saturating_cpu_keeps_the_float_conv(converted, monkeypatch):
     steps = _steps(pooled, reference[0], scale)   # float conv kernels may differ in the last bit
     assert steps.max() <= 1 and (steps > 0).float().mean() < 0.01
     torch.testing.assert_close(logits, reference[1], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.skipif(not klinear.onednn_u8s8_exact(), reason="oneDNN u8 x s8 inexact here")
+def test_torchquant_compile_fuses_fx_and_eager_converted_convs():
+    """An FX-converted (and so an eager-converted: the same torchquant::conv modules) model under
+    torchquant.compile takes the frozen compile too: its convs, whose weights freezing makes
+    constants, become oneDNN calls; the integers are eager's (the same oneDNN kernels)."""
+    from torchquant.quantization import get_default_qconfig_mapping
+    from torchquant.quantization.quantize_fx import convert_fx, prepare_fx
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = nn.Conv2d(3, 16, 3), nn.Conv2d(16, 16, 3)
+            self.relu = nn.ReLU()
+
+        def forward(self, x):
+            return self.conv2(self.relu(self.conv1(x)))
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 12, 12)
+    prepared = prepare_fx(Net().eval(), get_default_qconfig_mapping("x86"), (x,))
+    prepared(x)
+    converted = convert_fx(prepared)
+    torch._dynamo.reset()
+    with inductor_config.patch(fx_graph_cache=False), torch.no_grad():
+        expected = converted(x)
+        out, code = run_and_get_code(torchquant.compile(copy.deepcopy(converted)), x)
+    code = "".join(code)
+    assert code.count("aoti_torch_cpu__qconv_pointwise_tensor(") + \
+        code.count("aoti_torch_cpu__qconv_pointwise(") == 2
+    assert not re.search(r"aoti_torch_cpu_\w*convolution", code)
+    assert torch.equal(out, expected)
+    assert not inductor_config.freezing
