@@ -72,8 +72,9 @@ def compile(model: Any, *, lower: bool = True, use_torch_compile: bool = True,
         return torch.compile(model, **compile_kwargs)
     options = dict(compile_kwargs.get("options") or {})
     options.setdefault("freezing", True)
-    # the generated forward in C++: a batch-1 call is dozens of oneDNN calls, whose Python
-    # wrapper cost is a tenth of its time (BENCHMARKS.md, 2026-12-05)
+    # the generated forward in C++: a batch-1 call is dozens of oneDNN calls, and their Python
+    # wrapper was a sixth of its time (ResNet-shaped b1 0.54 -> 0.45 ms, BENCHMARKS.md
+    # 2026-12-05)
     options.setdefault("cpp_wrapper", True)
     compile_kwargs["options"] = options
     compiled = torch.compile(model, **compile_kwargs)

@@ -30,7 +30,8 @@ from . import sparse_correction as _sparse
 from .registry import get, register
 from .. import affine
 from .. import dtypes as _dt
-from .linear import (DEFAULT_NEGATIVE_SLOPE, PostOp, Scalar, activation_qdtype, call_key,
+from .linear import (_PLAN_CACHE_SIZE, DEFAULT_NEGATIVE_SLOPE, PostOp, Scalar,
+                     activation_qdtype, call_key,
                      check_bias, check_weight_qparams, ONEDNN_SAFE_U8_MAX, onednn_u8s8_exact, onednn_usable,
                      per_channel_view, post_op_of, quantize_post_op, validated_qparams)
 
@@ -265,8 +266,6 @@ def quantized_conv(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: P
         return plan(x_int, other)
     return fn(x_int, x_scale, x_zp, packed, out_scale, out_zp, epilogue, other)
 
-
-_PLAN_CACHE_SIZE = 16
 
 
 def cached_conv_plan(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar,

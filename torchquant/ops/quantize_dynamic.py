@@ -64,9 +64,9 @@ def quantize_dynamic_per_tensor_decomposed(x: torch.Tensor, qdtype: str, reduce_
                                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The op in tensor ops a compiler can fuse (inductor's decomposition of it): the same
     qparams (:func:`affine.choose_qparams_aten`, the tensor form of the scalar rule the op
-    uses) and codes (one fused multiply-add, round half to even, clamp).  No NaN / Inf check:
-    a compiled graph cannot raise on data, so non-finite input gives meaningless codes there
-    where the eager op raises."""
+    uses) and codes (:func:`affine.quantize_formula` in FMA mode, the fma inductor's own).  No
+    NaN / Inf check: a compiled graph cannot raise on data, so non-finite input gives
+    meaningless codes there where the eager op raises."""
     from torch._inductor import inductor_prims
     q = _dynamic_qdtype(qdtype)
     x = x.to(torch.float32)
@@ -76,9 +76,10 @@ def quantize_dynamic_per_tensor_decomposed(x: torch.Tensor, qdtype: str, reduce_
         mn, mx = torch.aminmax(x)
     scale, zero_point = affine.choose_qparams_aten(mn, mx, q.qmin, q.qmax, False, reduce_range,
                                                    float32_scale=False)
-    y = inductor_prims.fma(x, torch.reciprocal(scale.to(torch.float32)),
-                           zero_point.to(torch.float32))
-    codes = torch.round(y).clamp(q.qmin, q.qmax).to(torch.int32).to(q.storage_dtype)
+    codes = affine.quantize_formula(x, torch.reciprocal(scale.to(torch.float32)),
+                                    zero_point.to(torch.float32), q.qmin, q.qmax,
+                                    q.storage_dtype, affine.FMA, fma=inductor_prims.fma,
+                                    narrow_via_int32=True)
     return codes, scale, zero_point
 
 

@@ -342,36 +342,6 @@ def _dynamic_activation(node: Any) -> Optional[tuple]:
     return q, scale, zp
 
 
-def _fuse_linear(g: _Graph, node: fx.Node) -> bool:
-    operands = _linear_operands(node)
-    if operands is None:
-        return False
-    x_arg, wt_arg, b_arg = operands
-    if not (_is(wt_arg, aten.permute.default) and list(wt_arg.args[1]) == [1, 0]):
-        return False
-    if _dynamic_source(x_arg) is not None:
-        return _fuse_dynamic_linear(g, node, x_arg, wt_arg, b_arg)
-    act = _activation(x_arg)
-    weight = _weight(g.gm, wt_arg.args[0], 0)
-    bias = _constant(g.gm, b_arg) if b_arg is not None else None
-    if act is None or weight is None or (b_arg is not None and (bias is None or bias.dim() != 1)):
-        return False
-    q_x, x_scale, x_zp = act
-    w, w_scale, w_zp = weight
-    tail = _Tail(node, allow_add=False)
-    packed = torch.ops.onednn.qlinear_prepack(w, _static_shape(q_x))
-    gm_nodes = (g.constant(packed, node, "packed_linear_weight"),
-                g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"),
-                None if bias is None else g.constant(bias.to(torch.float32), node, "bias"))
-    out_scale, out_zp, out_dtype = ((*tail.out, torch.uint8) if tail.out
-                                    else (1.0, 0, torch.float32))
-    args = (q_x, x_scale, x_zp, *gm_nodes, out_scale, out_zp, out_dtype, tail.unary,
-            tail.scalars, "")
-    fake = _fake_like(tail.last.meta["val"], out_dtype, torch.contiguous_format)
-    _replace(tail.last, torch.ops.onednn.qlinear_pointwise.default, args, fake)
-    return True
-
-
 def _dynamic_source(x: Any) -> Optional[tuple]:
     """:func:`_dynamic_activation` of a linear's input, seen through the view to 2-D that
     inductor puts between them for a 3-D input."""
@@ -380,32 +350,48 @@ def _dynamic_source(x: Any) -> Optional[tuple]:
     return _dynamic_activation(x)
 
 
-def _fuse_dynamic_linear(g: _Graph, node: fx.Node, x_arg: fx.Node, wt_arg: fx.Node,
-                         b_arg: Any) -> bool:
-    """``addmm`` / ``mm`` of a dynamically quantized activation (viewed to 2-D or not) and a
-    frozen int8 weight -> oneDNN's int8 linear with float output, reading the activation's
-    scale and zero point as tensors computed in the same compiled forward (as torchao's
-    dynamic X86 flow lowers)."""
-    q, scale, zp = _dynamic_source(x_arg)
+def _fuse_linear(g: _Graph, node: fx.Node) -> bool:
+    """``addmm`` / ``mm`` of a quantized activation and a frozen int8 weight -> one oneDNN int8
+    linear.  A static activation (constant qparams) takes the quantize after the linear into
+    the call; a dynamic one (qparams computed in the graph, the input maybe viewed to 2-D)
+    gives a float output, oneDNN reading the qparams as tensors (as torchao's dynamic X86 flow
+    lowers)."""
+    operands = _linear_operands(node)
+    if operands is None:
+        return False
+    x_arg, wt_arg, b_arg = operands
+    if not (_is(wt_arg, aten.permute.default) and list(wt_arg.args[1]) == [1, 0]):
+        return False
     weight = _weight(g.gm, wt_arg.args[0], 0)
     bias = _constant(g.gm, b_arg) if b_arg is not None else None
     if weight is None or (b_arg is not None and (bias is None or bias.dim() != 1)):
         return False
     w, w_scale, w_zp = weight
     tail = _Tail(node, allow_add=False)
-    if tail.out is not None:    # a static quantize after a dynamic linear: not this form
-        return False
-    if x_arg.target in (aten.view.default, aten.reshape.default):
-        with node.graph.inserting_before(node):
-            q = node.graph.call_function(x_arg.target, (q, x_arg.args[1]))
-        q.meta["val"] = q.args[0].meta["val"].view(x_arg.meta["val"].shape)
-    packed = torch.ops.onednn.qlinear_prepack(w, None)
-    args = (q, scale, zp, g.constant(packed, node, "packed_linear_weight"),
-            g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"),
-            None if bias is None else g.constant(bias.to(torch.float32), node, "bias"),
-            1.0, 0, torch.float32, tail.unary, tail.scalars, "")
-    fake = _fake_like(tail.last.meta["val"], torch.float32, torch.contiguous_format)
-    _replace(tail.last, torch.ops.onednn.qlinear_pointwise.tensor, args, fake)
+    static = _activation(x_arg)
+    if static is not None:
+        (q_x, x_scale, x_zp), x_shape = static, _static_shape(static[0])
+        target = torch.ops.onednn.qlinear_pointwise.default
+    else:
+        dynamic = _dynamic_source(x_arg)
+        if dynamic is None or tail.out is not None:  # (no static quantize after a dynamic one)
+            return False
+        (q_x, x_scale, x_zp), x_shape = dynamic, None
+        target = torch.ops.onednn.qlinear_pointwise.tensor
+        if x_arg.target in (aten.view.default, aten.reshape.default):
+            with node.graph.inserting_before(node):
+                q_x = node.graph.call_function(x_arg.target, (q_x, x_arg.args[1]))
+            q_x.meta["val"] = q_x.args[0].meta["val"].view(x_arg.meta["val"].shape)
+    packed = torch.ops.onednn.qlinear_prepack(w, x_shape)
+    gm_nodes = (g.constant(packed, node, "packed_linear_weight"),
+                g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"),
+                None if bias is None else g.constant(bias.to(torch.float32), node, "bias"))
+    out_scale, out_zp, out_dtype = ((*tail.out, torch.uint8) if tail.out
+                                    else (1.0, 0, torch.float32))
+    args = (q_x, x_scale, x_zp, *gm_nodes, out_scale, out_zp, out_dtype, tail.unary,
+            tail.scalars, "")
+    fake = _fake_like(tail.last.meta["val"], out_dtype, torch.contiguous_format)
+    _replace(tail.last, target, args, fake)
     return True
 
 
