@@ -1,4 +1,6 @@
 """torchquant's lowerings and CPU decision are part of inductor's compile-cache key."""
+import os
+
 import torch
 
 import torchquant  # noqa: F401  (registers the lowerings and the key)
@@ -15,7 +17,9 @@ def test_inductor_cache_key_holds_torchquant_uuid():
 
 def test_key_changes_with_the_forced_isa(monkeypatch):
     before = cache_key.uuid()
-    monkeypatch.setenv("TORCHQUANT_CPU_ISA", "avx2")
+    # another value than the run's own (the suite is also run with TORCHQUANT_CPU_ISA=avx2)
+    forced = "avx512" if os.environ.get("TORCHQUANT_CPU_ISA") == "avx2" else "avx2"
+    monkeypatch.setenv("TORCHQUANT_CPU_ISA", forced)
     assert cache_key.uuid() != before
 
 
