@@ -39,13 +39,17 @@ __all__ = [
 
 from . import _qtensor_ops as _qtensor_ops  # noqa: E402,F401  (QTensor torch.* ops)
 
-__all__ += ["compile"]
+__all__ += ["compile", "export_package", "load"]
 
 
 def __getattr__(name: str):
-    """``torchquant.compile`` (:mod:`._compile`) loads the quantization workflow it lowers, so
-    it is imported on first use: ``import torchquant`` stays free of nn / quantization."""
+    """``torchquant.compile`` (:mod:`._compile`) loads the quantization workflow it lowers, and
+    ``export_package`` / ``load`` (:mod:`._package`) the AOTInductor packaging, so they are
+    imported on first use: ``import torchquant`` stays free of nn / quantization."""
     if name == "compile":
         from ._compile import compile
         return compile
+    if name in ("export_package", "load"):
+        from . import _package
+        return getattr(_package, name)
     raise AttributeError(f"module 'torchquant' has no attribute {name!r}")

@@ -4,14 +4,17 @@
   inductor nodes (C++ it fuses), with eager mode's rounding.
 * :mod:`.fusion`: dequantize -> conv / linear (-> ReLU / add / add+ReLU) -> quantize becomes
   one oneDNN int8 call whose weight is prepacked at freezing.
-* :mod:`.cache_key`: both, and the CPU decision behind the fusion, in inductor's cache key.
+* :mod:`.exact_decompositions`: torchquant's fused ops of eager- / FX-converted models
+  (dynamic Linear / LSTM step, add, pooling, static Linear) as tensor / oneDNN ops with the
+  eager integers, so an AOTInductor package needs no torchquant.
+* :mod:`.cache_key`: all of them, and the CPU decision behind the fusion, in inductor's cache key.
 
-Both are registered when torchquant is imported, keyed on torchquant's own ops: torch's other
+All are registered when torchquant is imported, keyed on torchquant's own ops: torch's other
 graphs are untouched and no inductor configuration value is changed.
 """
 from __future__ import annotations
 
-from . import cache_key, elementwise, fusion
+from . import cache_key, elementwise, exact_decompositions, fusion
 
 __all__ = ["register"]
 
@@ -24,5 +27,6 @@ def register() -> None:
         return
     elementwise.register()
     fusion.register()
+    exact_decompositions.register()
     cache_key.register()
     _REGISTERED = True

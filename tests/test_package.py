@@ -1,0 +1,223 @@
+"""torchquant.export_package / torchquant.load: AOTInductor packages of converted models that
+run in a process without torchquant and give the Python model's outputs.
+
+Each package is one inductor compile (seconds each), so every model is converted and packaged
+once (module fixture), and one fresh interpreter loads all the packages, runs them at the
+example's batch size and another one (the batch is dynamic), checks it never imported
+torchquant and saves the outputs for the tests to compare.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import shipping_models as sm
+import torchquant
+from torchquant._package import PackageError
+
+EXAMPLE_BATCH, OTHER_BATCH = 2, 5
+
+CASES: dict[str, tuple[str, Callable[[], nn.Module]]] = {
+    "resnet-eager": ("resnet", lambda: sm.eager_static(sm.resnet(), "resnet")),
+    "resnet-fx": ("resnet", lambda: sm.fx_static(sm.resnet(), "resnet")),
+    "resnet-pt2e": ("resnet", lambda: sm.pt2e(sm.resnet(), "resnet")),
+    "mobilenet-fx": ("mobilenet", lambda: sm.fx_static(sm.mobilenet(), "mobilenet")),
+    "mobilenet-pt2e": ("mobilenet", lambda: sm.pt2e(sm.mobilenet(), "mobilenet")),
+    "minilm-eager": ("minilm", lambda: sm.eager_dynamic(sm.minilm(), {nn.Linear})),
+    "minilm-pt2e": ("minilm", lambda: sm.pt2e(sm.minilm(), "minilm", dynamic=True)),
+    "lstm-eager": ("lstm", lambda: sm.eager_dynamic(sm.lstm(), {nn.LSTM})),
+}
+
+_FRESH_PROCESS = textwrap.dedent("""
+    import json, sys, torch
+    from torch._inductor import aoti_load_package
+    jobs = json.loads(sys.argv[1])
+    for package, runs in jobs.items():
+        model = aoti_load_package(package)
+        for inputs, output in runs:
+            with torch.no_grad():
+                torch.save(model(*torch.load(inputs)), output)
+    assert "torchquant" not in sys.modules, "the package imported torchquant"
+    print("fresh process: ok")
+""")
+
+
+# Where the package's integers are the Python model's but its float parts are inductor's:
+# softmax / LayerNorm / GELU / sigmoid / tanh and oneDNN's float-output epilogues round an ulp
+# or so apart from ATen's kernels (the int8 parts are bit-exact: test_decompositions_*).
+FLOAT_ULPS = {"rtol": 1e-5, "atol": 1e-6}
+BIT_EXACT = {"resnet-eager", "resnet-fx", "mobilenet-fx"}
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory) -> dict[str, dict]:
+    """case -> {"path", "model", "runs": [(inputs, python outputs, lowered outputs or None,
+    package outputs)]}."""
+    folder = tmp_path_factory.mktemp("packages")
+    built: dict[str, dict] = {}
+    jobs: dict[str, list] = {}
+    for case, (name, convert) in CASES.items():
+        model = convert()
+        path = torchquant.export_package(model, sm.example(name, EXAMPLE_BATCH),
+                                         folder / f"{case}.pt2")
+        lowered = (torchquant.compile(model, use_torch_compile=False)
+                   if case.endswith("pt2e") else None)
+        runs = []
+        for batch in (EXAMPLE_BATCH, OTHER_BATCH):
+            inputs = sm.example(name, batch, seed=100 + batch)
+            with torch.no_grad():
+                expected = model(*inputs)
+                fused = None if lowered is None else lowered(*inputs)
+            stem = folder / f"{case}-b{batch}"
+            torch.save(inputs, f"{stem}-in.pt")
+            runs.append((inputs, expected, fused, f"{stem}-out.pt"))
+            jobs.setdefault(str(path), []).append((f"{stem}-in.pt", f"{stem}-out.pt"))
+        built[case] = {"path": path, "model": model, "runs": runs}
+    done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS, json.dumps(jobs)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "fresh process: ok" in done.stdout, done.stderr[-3000:]
+    for entry in built.values():
+        entry["runs"] = [(x, y, f, torch.load(out)) for x, y, f, out in entry["runs"]]
+    return built
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fresh_process_gives_python_outputs(packages, case):
+    """At the example's batch size and another (dynamic batch), in a process that never
+    imported torchquant."""
+    runs = packages[case]["runs"]
+    assert [x[0].size(0) for x, *_ in runs] == [EXAMPLE_BATCH, OTHER_BATCH]
+    for inputs, expected, fused, got in runs:
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+        if case in BIT_EXACT:
+            assert torch.equal(got, expected)
+        elif fused is not None:
+            # PT2E: the package's convs are oneDNN int8 calls that requantize their int32
+            # accumulator, which lands one step from the Python graph's float conv + quantize
+            # where that sits on a rounding tie (and the step propagates); they are the very
+            # calls torchquant's lowered (fused) model makes, which it matches up to the last
+            # float epilogue's ulps
+            torch.testing.assert_close(got, fused, **FLOAT_ULPS)
+            assert (got - expected).abs().max() <= 0.02 * expected.abs().max()
+        else:
+            torch.testing.assert_close(got, expected, **FLOAT_ULPS)
+
+
+def test_package_marks_itself_and_loads_in_process(packages):
+    entry = packages["resnet-eager"]
+    with zipfile.ZipFile(entry["path"]) as z:
+        marker = [n for n in z.namelist() if n.endswith("extra/torchquant_package.json")]
+        info = json.loads(z.read(marker[0]))
+    assert info["dynamic_batch"] is True and info["onednn_int8"] is True
+    inputs, expected, _, _ = entry["runs"][1]
+    with torch.no_grad():
+        assert torch.equal(torchquant.load(entry["path"])(*inputs), expected)
+
+
+def test_load_rejects_what_it_did_not_write(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.pt2"):
+        torchquant.load(tmp_path / "missing.pt2")
+    not_zip = tmp_path / "text.pt2"
+    not_zip.write_text("hello")
+    with pytest.raises(ValueError, match="text.pt2.*not a .pt2 archive"):
+        torchquant.load(not_zip)
+    program = tmp_path / "program.pt2"
+    torch.export.save(torch.export.export(nn.Linear(2, 2), (torch.randn(3, 2),)), program)
+    with pytest.raises(ValueError, match="program.pt2.*no torchquant marker"):
+        torchquant.load(program)
+    with pytest.raises(ValueError, match="directory"):
+        torchquant.load(tmp_path)
+
+
+class _Mul(nn.Module):
+    """An eager-quantized elementwise product: ``torchquant::mul`` has no decomposition."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torchquant.quantization as tq
+        from torchquant.nn.quantized import FloatFunctional
+        self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
+        self.product = FloatFunctional()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.quant(x)
+        return self.dequant(self.product.mul(x, x))
+
+
+def test_surviving_op_is_named_and_nothing_is_written(tmp_path):
+    import torchquant.quantization as tq
+    model = _Mul().eval()
+    model.qconfig = tq.get_default_qconfig("x86")
+    tq.prepare(model, inplace=True)
+    model(torch.randn(4, 8))
+    tq.convert(model, inplace=True)
+    target = tmp_path / "mul.pt2"
+    with pytest.raises(PackageError, match="torchquant::mul at mul"):
+        torchquant.export_package(model, (torch.randn(4, 8),), target)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_batch_one_example_and_bad_paths_are_refused(tmp_path):
+    model = sm.eager_dynamic(sm.lstm(), {nn.LSTM})
+    with pytest.raises(PackageError, match="batch size above 1.*dynamic_batch=False"):
+        torchquant.export_package(model, sm.example("lstm", 1), tmp_path / "m.pt2")
+    with pytest.raises(ValueError, match="must end in .pt2"):
+        torchquant.export_package(model, sm.example("lstm", 2), tmp_path / "m.zip")
+
+
+# ---- the decompositions, eagerly: the eager ops' integers bit for bit (no compile) ----------
+
+def _weight(rows: int, cols: int, per_channel: bool) -> tuple:
+    w = torch.randint(-128, 128, (rows, cols), dtype=torch.int8)
+    if per_channel:
+        return w, torch.rand(rows, dtype=torch.float64) * 0.02, torch.zeros(rows, dtype=torch.int64)
+    return w, torch.tensor(0.013, dtype=torch.float64), torch.tensor(0)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("reduce_range", [True, False])
+def test_decompositions_dynamic_linear_and_lstm_step(per_channel, reduce_range):
+    from torchquant.ops.inductor import exact_decompositions as D
+    tq_ops = torch.ops.torchquant
+    w, ws, wz = _weight(24, 40, per_channel)
+    bias = torch.randn(24)
+    for shape in [(1, 40), (3, 40), (2, 7, 40), (65, 40)]:
+        x = torch.randn(*shape) * 3
+        for b in (bias, None):
+            expected = tq_ops.linear_dynamic(x, w, ws, wz, b, reduce_range, True)
+            assert torch.equal(D.linear_dynamic(x, w, ws, wz, b, reduce_range, True), expected)
+        assert torch.equal(D.rnn_input_projection(x, w, ws, wz, bias, reduce_range),
+                           tq_ops.rnn_input_projection_dynamic(x, w, ws, wz, bias, reduce_range))
+    hw, hs, hz = _weight(64, 16, per_channel)
+    ih, h, c = torch.randn(3, 64), torch.randn(3, 16), torch.randn(3, 16)
+    b = torch.randn(64)
+    expected = tq_ops.lstm_step_dynamic(ih, h, c, hw, hs, hz, b, reduce_range)
+    got = D.lstm_step(ih, h, c, hw, hs, hz, b, reduce_range)
+    assert all(torch.equal(a, e) for a, e in zip(got, expected))
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 8, 8), (3, 5, 7, 3)])
+def test_decompositions_add_clamp_pools(shape):
+    from torchquant.ops.inductor import exact_decompositions as D
+    tq_ops = torch.ops.torchquant
+    a, b = (torch.randint(0, 256, shape, dtype=torch.uint8).contiguous(
+        memory_format=torch.channels_last) for _ in range(2))
+    for post_op in ("none", "relu"):
+        args = (a, 0.05, 128, b, 0.03, 100, 0.07, 120, "quint8", post_op)
+        assert torch.equal(D.add(*args), tq_ops.add(*args))
+    for bounds in ((0.0, 6.0), (-1.0, 1.0), (None, 2.0), (0.5, None)):
+        args = (a, 0.05, 100, *bounds, "quint8")
+        assert torch.equal(D.clamp(*args), tq_ops.clamp(*args))
+    pool = (a, [3, 3], [2, 2], [1, 1], [1, 1], False)
+    assert torch.equal(D.max_pool2d(*pool), tq_ops.max_pool2d(*pool))
+    assert torch.equal(D.adaptive_avg_pool2d(a, 77, "quint8", [1, 1]),
+                       tq_ops.adaptive_avg_pool2d(a, 77, "quint8", [1, 1]))
