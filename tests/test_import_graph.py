@@ -44,6 +44,9 @@ OPTIONAL_LOCAL_IMPORTS: set[tuple[str, str, str]] = {
     ("torchquant", "torchquant._compile",
      "torchquant.compile lowers PT2E graphs with the quantization workflow; loaded on first use "
      "so that `import torchquant` does not load nn / quantization"),
+    ("torchquant", "torchquant._package",
+     "torchquant.export_package / load (AOTInductor packages) pull in the compile machinery; "
+     "loaded on first use like torchquant.compile"),
 }
 
 

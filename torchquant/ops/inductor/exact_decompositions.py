@@ -39,6 +39,7 @@ from ... import dtypes as _dt
 from ...kernels import elementwise as _kelementwise
 from ...kernels.reference import add_formula
 from .._library import traced
+from . import fusion
 
 __all__ = ["register", "decompositions_by_op"]
 
@@ -212,7 +213,6 @@ def _fuse_torchquant_linear(g: Any, node: Any) -> bool:
     """``torchquant::linear`` with a frozen weight (eager- and FX-converted Linear layers) as
     ``onednn.qlinear_pointwise`` with the weight prepacked at freezing: the call the eager
     kernel makes on CPUs where oneDNN's u8 x s8 products are exact, so the same integers."""
-    from . import fusion
     a = fusion._op_arguments(node)
     x, post_op = a["x"], a["post_op"]
     w = fusion._constant(g.gm, a["weight"])
@@ -245,7 +245,6 @@ def _register_linear_fusion() -> None:
     from torch._inductor.pattern_matcher import (MULTIPLE, CallFunctionVarArgs,
                                                  register_graph_pattern)
 
-    from . import fusion
     pattern = CallFunctionVarArgs(torch.ops.torchquant.linear.default, users=MULTIPLE)
     register_graph_pattern(pattern, extra_check=fusion._always, pass_dict=pass_patterns[0],
                            prepend=True)(fusion._handler(_fuse_torchquant_linear, True))
