@@ -1,4 +1,4 @@
-"""The ``quantize`` and ``report`` commands of ``python -m torchquant`` / ``torchquant``.
+"""The ``quantize``, ``report`` and ``package`` commands of ``python -m torchquant`` / ``torchquant``.
 
 User errors (missing files, a file that is not an exported program, calibration data that does
 not fit the program, NaN in it) raise :class:`UserError`; ``__main__`` prints its one line on
@@ -25,6 +25,7 @@ import torch
 import torchquant
 
 from ._files import atomic_write, commit_staged, stage_file
+from ._package import PackageError, export_package
 from .quantization.auto_fallback import quantize_pt2e_with_fallback
 from .quantization.pt2e import (extract_results_from_loggers, numeric_report,
                                 prepare_for_propagation_comparison)
@@ -36,7 +37,7 @@ from .quantization.quantizer.x86_inductor_quantizer import (
 from .quantization.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
                                                        get_symmetric_quantization_config)
 
-__all__ = ["UserError", "add_subcommands", "run_quantize", "run_report"]
+__all__ = ["UserError", "add_subcommands", "run_quantize", "run_report", "run_package"]
 
 _REPORT_BATCHES = 8  # the per-layer table uses at most this many calibration batches
 _TABLE_ROWS = 15
@@ -330,6 +331,27 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:.3f} MB"
 
 
+def _dynamic_batch(ep: torch.export.ExportedProgram) -> bool:
+    """Whether the program's tensor inputs all have a symbolic dimension 0."""
+    specs = [s for s in _input_specs(ep) if isinstance(s, torch.Tensor)]
+    return bool(specs) and all(s.dim() and not isinstance(s.shape[0], int) for s in specs)
+
+
+def export_keeping_batch(model: torch.nn.Module, example: tuple,
+                         source: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """The quantized model exported with the source program's dynamic batch dimension where
+    the source had one (``Dim.AUTO``: the export itself decides what the graph allows), else
+    with the first calibration batch's shapes."""
+    if _dynamic_batch(source):
+        shapes = tuple({0: torch.export.Dim.AUTO} if isinstance(t, torch.Tensor) and t.dim()
+                       else None for t in example)
+        try:
+            return torch.export.export(model, example, dynamic_shapes=shapes)
+        except Exception:  # noqa: BLE001 - a graph that pins its batch exports statically
+            pass
+    return torch.export.export(model, example)
+
+
 # ---- commands -------------------------------------------------------------------------------
 
 def run_quantize(args: argparse.Namespace) -> int:
@@ -351,7 +373,7 @@ def run_quantize(args: argparse.Namespace) -> int:
         max_float_layers=args.max_float_layers, progress=progress_bar("calibrating"))
     quantized = strip_unused_state(result.model)
     example = batches[0]
-    quantized_ep = torch.export.export(quantized, example)
+    quantized_ep = export_keeping_batch(quantized, example, ep)
     report = result.report
 
     float_ms = measure_latency_ms(float_model, example, args.latency_runs)
@@ -423,6 +445,29 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_package(args: argparse.Namespace) -> int:
+    check_output(args.out, "--out")
+    if not args.out.endswith(".pt2"):
+        raise UserError(f"--out {args.out!r} must end in .pt2 (an AOTInductor package)")
+    ep = load_program(args.model)
+    example = load_batches(args.example, ep)[0]
+    dynamic = not args.static_batch and _dynamic_batch(ep)
+    started = time.perf_counter()
+    try:
+        atomic_write(args.out, lambda tmp: export_package(ep, example, tmp,
+                                                          dynamic_batch=dynamic), ".pt2")
+    except PackageError as e:
+        raise UserError(f"cannot package {args.model!r}: {_first_line(e)}") from None
+    except Exception as e:  # noqa: BLE001 - a compiler failure is reported, not a traceback
+        raise UserError(f"cannot package {args.model!r}: {type(e).__name__}: "
+                        f"{_first_line(e)}") from None
+    batch = "dynamic" if dynamic else f"fixed at {example[0].shape[0] if example[0].dim() else 1}"
+    print(f"wrote {args.out} (AOTInductor package, {_mb(os.path.getsize(args.out))}, batch "
+          f"{batch}, built in {time.perf_counter() - started:.0f} s); load it with "
+          "torch._inductor.aoti_load_package or torchquant.load, no torchquant needed to run it")
+    return 0
+
+
 def add_subcommands(sub: Any) -> None:
     q = sub.add_parser(
         "quantize", help="quantize a program saved with torch.export.save",
@@ -470,3 +515,18 @@ def add_subcommands(sub: Any) -> None:
     r.add_argument("--csv", metavar="REPORT.csv", help="also write the table as CSV")
     r.add_argument("--plot", metavar="SQNR.png", help="write a PNG of SQNR by layer")
     r.set_defaults(handler=run_report)
+
+    p = sub.add_parser(
+        "package", help="turn a quantized program into an AOTInductor package",
+        description="Compile QUANT.pt2 (written by `torchquant quantize`) into an AOTInductor "
+                    "package that torch._inductor.aoti_load_package (or AOTInductor's C++ "
+                    "runner) loads without torchquant.  The batch dimension stays dynamic "
+                    "where the program's is.")
+    p.add_argument("model", metavar="QUANT.pt2", help="quantized program (torch.export.save)")
+    p.add_argument("--example", required=True, metavar="DATA.pt",
+                   help="example inputs (the first batch is used): torch.save of a tensor or "
+                        "of a list of input tuples")
+    p.add_argument("--out", required=True, metavar="MODEL.pt2", help="package to write")
+    p.add_argument("--static-batch", action="store_true",
+                   help="fix the example's batch size instead of keeping it dynamic")
+    p.set_defaults(handler=run_package)
