@@ -11,7 +11,7 @@ STAMP := $(VENV)/.torchquant-installed
 $(STAMP): pyproject.toml setup.py constraints.txt $(wildcard torchquant/kernels/native/csrc/*.cpp)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 'setuptools>=64' wheel
-	$(PY) -m pip install -q -c constraints.txt --no-build-isolation -e '.[test,models]'
+	$(PY) -m pip install -q -c constraints.txt --no-build-isolation -e '.[test,models,onnx]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -23,7 +23,7 @@ test: $(STAMP)
 BENCH_STAMP := $(VENV)/.torchquant-bench-installed
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install -q -c constraints.txt --no-build-isolation -e '.[test,models,bench]'
+	$(PY) -m pip install -q -c constraints.txt --no-build-isolation -e '.[test,models,onnx,bench]'
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)
