@@ -183,10 +183,16 @@ def _weight(rows: int, cols: int, per_channel: bool) -> tuple:
     return w, torch.tensor(0.013, dtype=torch.float64), torch.tensor(0)
 
 
+@pytest.mark.parametrize("int_mm", [True, False], ids=["int_mm", "float64_mm"])
 @pytest.mark.parametrize("per_channel", [False, True])
 @pytest.mark.parametrize("reduce_range", [True, False])
-def test_decompositions_dynamic_linear_and_lstm_step(per_channel, reduce_range):
+def test_decompositions_dynamic_linear_and_lstm_step(per_channel, reduce_range, int_mm,
+                                                     monkeypatch):
+    """Both accumulators: torch._int_mm, and the float64 matmul used where oneDNN is held
+    below its CPU's ISA (where _int_mm saturates)."""
     from torchquant.ops.inductor import exact_decompositions as D
+    if not int_mm:
+        monkeypatch.setattr(D, "_int_mm_exact", lambda: False)
     tq_ops = torch.ops.torchquant
     w, ws, wz = _weight(24, 40, per_channel)
     bias = torch.randn(24)

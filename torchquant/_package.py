@@ -35,6 +35,7 @@ import torch
 
 from ._files import atomic_write
 from .kernels import linear as _klinear
+from .ops.inductor import exact_decompositions
 
 __all__ = ["export_package", "load", "PackageError"]
 
@@ -133,7 +134,8 @@ def _compile(ep: torch.export.ExportedProgram, path: str) -> None:
         "cpp.enable_floating_point_contract_flag": "off",
         "cpp.enable_unsafe_math_opt_flag": False,
     }
-    with torch.no_grad():  # inductor freezes inference graphs only
+    # inference graphs only are frozen; the decompositions apply to packages only
+    with torch.no_grad(), exact_decompositions.packaging():
         aoti_compile_and_package(ep, package_path=path, inductor_configs=configs)
 
 

@@ -1,8 +1,9 @@
 """torchquant's part of inductor's compile-cache key.
 
 Inductor caches compiled graphs by the graph, torch's own source and its config; it does not
-know that torchquant lowers its ops (:mod:`.elementwise`) and fuses them into oneDNN calls
-(:mod:`.fusion`), nor that the fusion depends on the CPU (oneDNN exact or saturating, and
+know that torchquant lowers its ops (:mod:`.elementwise`), fuses them into oneDNN calls
+(:mod:`.fusion`) and, while it compiles an AOTInductor package, decomposes the rest
+(:mod:`.exact_decompositions`), nor that the fusion depends on the CPU (oneDNN exact or saturating, and
 ``TORCHQUANT_CPU_ISA``).  Without this, a graph compiled by an older torchquant, or on the
 same machine with oneDNN held to a lower ISA, would be served from the cache.
 
@@ -19,6 +20,7 @@ from typing import Any, Optional
 import torch
 
 from ...kernels import linear as _klinear
+from . import exact_decompositions
 
 __all__ = ["register", "uuid"]
 
@@ -40,7 +42,8 @@ def uuid() -> str:
     with unset_fake_temporarily():
         exact = _klinear.onednn_u8s8_exact()
     cpu = (f"onednn_exact={exact};TORCHQUANT_CPU_ISA={os.environ.get('TORCHQUANT_CPU_ISA', '')};"
-           f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '')}")
+           f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '')};"
+           f"packaging={exact_decompositions.is_packaging()}")
     return get_hash_for_files(_sources(), extra=cpu).hex()
 
 

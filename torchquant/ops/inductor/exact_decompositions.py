@@ -3,8 +3,9 @@
 An AOTInductor package (:func:`torchquant.export_package`) must run without torchquant: every
 op in it needs a C++ implementation inside torch.  The quantize / dequantize lowerings
 (:mod:`.elementwise`) and the oneDNN fusions (:mod:`.fusion`) cover PT2E graphs; eager- and
-FX-converted models also call torchquant's fused ops, decomposed here (for ``torch.compile``
-as well, where they replace opaque Python calls):
+FX-converted models also call torchquant's fused ops, decomposed here.  Only while a package
+is compiled (:func:`packaging`, also part of inductor's cache key): ``torch.compile`` keeps
+running these ops as they are, on the kernels their benchmarks measured.
 
 * ``linear_dynamic``, ``rnn_input_projection_dynamic`` and the hidden projection of
   ``lstm_step_dynamic``: ATen's per-tensor qparams from the input's min / max, codes by
@@ -12,8 +13,10 @@ as well, where they replace opaque Python calls):
   ``torch._int_mm`` (the uint8 codes shifted to int8, the shift corrected with the weight's
   row sums, which freezing folds), and fbgemm's epilogue ``fma(acc, x_scale * w_scale,
   bias)``: torch.ao's (and torchquant's eager) dynamic Linear bit for bit.
-  ``torch._int_mm`` is exact on every CPU (oneDNN with VNNI / AMX, ATen's own loop below);
-  only oneDNN held below its CPU's ISA (``ONEDNN_MAX_CPU_ISA=AVX2`` on a VNNI CPU) saturates.
+  ``torch._int_mm`` is exact on every CPU (oneDNN with VNNI / AMX, ATen's own loop below)
+  but one whose oneDNN is held below its ISA (``ONEDNN_MAX_CPU_ISA=AVX2`` on a VNNI CPU);
+  compiled there, the accumulator comes from a float64 matmul instead (exact integers below
+  2**53, and the same float32 after the conversion the int32 one gets).
 * ``lstm_step_dynamic``: that projection, then torch's gate arithmetic out of place
   (sigmoid / tanh as inductor generates them: within an ulp or so of ATen's kernels).
 * ``add`` (+ReLU): torch's vectorised quantized add (``kernels.reference.add_formula``) for
@@ -29,21 +32,51 @@ eager kernel makes (as :mod:`.fusion` does for ``torchquant::conv``).
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Optional
+import threading
+from typing import Any, Iterator, Optional
 
 import torch
 
 from ... import affine
 from ... import dtypes as _dt
 from ...kernels import elementwise as _kelementwise
+from ...kernels import linear as _klinear
 from ...kernels.reference import add_formula
 from .._library import traced
 from . import fusion
 
-__all__ = ["register", "decompositions_by_op"]
+__all__ = ["register", "decompositions_by_op", "packaging", "is_packaging"]
 
 _UINT8_SHIFT = 128  # uint8 codes - 128 are int8, which torch._int_mm multiplies
+
+_packaging_lock = threading.Lock()
+_packaging_depth = [0]
+
+
+@contextlib.contextmanager
+def packaging() -> Iterator[None]:
+    """Inside: inductor decomposes the ops here (an AOTInductor package is being compiled)."""
+    with _packaging_lock:
+        _packaging_depth[0] += 1
+    try:
+        yield
+    finally:
+        with _packaging_lock:
+            _packaging_depth[0] -= 1
+
+
+def is_packaging() -> bool:
+    return _packaging_depth[0] > 0
+
+
+def _int_mm_exact() -> bool:
+    """:func:`torchquant.kernels.linear.int_mm_exact_on_cpu`, measured on real tensors (the
+    decompositions run while inductor traces with fake ones)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily():
+        return _klinear.int_mm_exact_on_cpu()
 
 
 def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -64,12 +97,15 @@ def _dynamic_linear_2d(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
     scale32, zero_point = affine.choose_qparams_aten(mn, mx, 0, 255, False, reduce_range)
     codes = torch.clamp(torch.round(_fma(x, torch.reciprocal(scale32),
                                          zero_point.to(torch.float32))), 0, 255)
-    signed = (codes - _UINT8_SHIFT).to(torch.int32).to(torch.int8)
-    acc = torch._int_mm(signed, weight.t())
-    row_sums = weight.sum(1, dtype=torch.int32)
-    acc = acc + (_UINT8_SHIFT - zero_point.to(torch.int32)) * row_sums
+    if _int_mm_exact():
+        signed = (codes - _UINT8_SHIFT).to(torch.int32).to(torch.int8)
+        acc = torch._int_mm(signed, weight.t())
+        row_sums = weight.sum(1, dtype=torch.int32)
+        acc = (acc + (_UINT8_SHIFT - zero_point.to(torch.int32)) * row_sums).to(torch.float32)
+    else:
+        shifted = codes.to(torch.float64) - zero_point.to(torch.float64)
+        acc = torch.mm(shifted, weight.t().to(torch.float64)).to(torch.float32)
     multiplier = weight_scale.to(torch.float32) * scale32
-    acc = acc.to(torch.float32)
     if bias is None:
         return acc * multiplier
     return _fma(acc, multiplier.expand(acc.shape[-1:]), bias.to(torch.float32))
@@ -188,6 +224,8 @@ def register() -> None:
 
     for op, (fn, applies) in decompositions_by_op().items():
         def decomposed(*args, _op=op, _fn=fn, _applies=applies, **kwargs):
+            if not is_packaging():
+                return NotImplemented
             args = _positional(_op, args, kwargs)
             return _fn(*args) if _applies(*args) else NotImplemented
         decompositions[op] = decomposed
@@ -213,6 +251,8 @@ def _fuse_torchquant_linear(g: Any, node: Any) -> bool:
     """``torchquant::linear`` with a frozen weight (eager- and FX-converted Linear layers) as
     ``onednn.qlinear_pointwise`` with the weight prepacked at freezing: the call the eager
     kernel makes on CPUs where oneDNN's u8 x s8 products are exact, so the same integers."""
+    if not is_packaging():
+        return False
     a = fusion._op_arguments(node)
     x, post_op = a["x"], a["post_op"]
     w = fusion._constant(g.gm, a["weight"])
