@@ -123,6 +123,17 @@ def test_package_marks_itself_and_loads_in_process(packages):
         assert torch.equal(torchquant.load(entry["path"])(*inputs), expected)
 
 
+def test_decompositions_leave_inductor_after_packaging(packages):
+    """Outside a package compile torchquant's fused ops have no inductor decomposition:
+    ``torch.compile`` runs them as they are (inductor refuses an op with both a table entry
+    and a fallback)."""
+    from torch._inductor.decomposition import decompositions
+
+    from torchquant.ops.inductor import exact_decompositions
+    assert not set(exact_decompositions.decompositions_by_op()) & set(decompositions)
+    assert not exact_decompositions.is_packaging()
+
+
 def test_load_rejects_what_it_did_not_write(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.pt2"):
         torchquant.load(tmp_path / "missing.pt2")

@@ -135,7 +135,7 @@ def _compile(ep: torch.export.ExportedProgram, path: str) -> None:
         "cpp.enable_unsafe_math_opt_flag": False,
     }
     # inference graphs only are frozen; the decompositions apply to packages only
-    with torch.no_grad(), exact_decompositions.packaging():
+    with torch.no_grad(), exact_decompositions.packaging(ep.graph):
         aoti_compile_and_package(ep, package_path=path, inductor_configs=configs)
 
 

@@ -33,6 +33,7 @@ eager kernel makes (as :mod:`.fusion` does for ``torchquant::conv``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 from typing import Any, Iterator, Optional
@@ -56,15 +57,27 @@ _packaging_depth = [0]
 
 
 @contextlib.contextmanager
-def packaging() -> Iterator[None]:
-    """Inside: inductor decomposes the ops here (an AOTInductor package is being compiled)."""
+def packaging(graph: torch.fx.Graph) -> Iterator[None]:
+    """Inside: inductor decomposes the ops here in ``graph`` (the exported program an
+    AOTInductor package is compiled from).
+
+    The entries join inductor's decomposition table on entry and leave it on exit: inductor
+    refuses an op that has a table entry and still falls back, so an op has an entry only
+    where every call of it in ``graph`` is covered (and none outside a package compile:
+    ``torch.compile`` runs the ops as they are)."""
+    from torch._inductor.decomposition import decompositions
     with _packaging_lock:
+        if _packaging_depth[0] == 0:
+            decompositions.update(_table_entries(graph))
         _packaging_depth[0] += 1
     try:
         yield
     finally:
         with _packaging_lock:
             _packaging_depth[0] -= 1
+            if _packaging_depth[0] == 0:
+                for op in decompositions_by_op():
+                    decompositions.pop(op, None)
 
 
 def is_packaging() -> bool:
@@ -217,18 +230,29 @@ def decompositions_by_op() -> dict:
     }
 
 
-def register() -> None:
-    """Enter each decomposition in inductor's table (for torchquant's ops only); a call it
-    does not cover returns ``NotImplemented`` and stays the opaque op."""
-    from torch._inductor.decomposition import decompositions
+def _table_entries(graph: torch.fx.Graph) -> dict:
+    """Inductor decomposition-table entries for the ops whose every call in ``graph`` is
+    covered; the others stay opaque (and the package check names them)."""
+    def example(arg: Any) -> Any:
+        return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
 
-    for op, (fn, applies) in decompositions_by_op().items():
-        def decomposed(*args, _op=op, _fn=fn, _applies=applies, **kwargs):
-            if not is_packaging():
-                return NotImplemented
-            args = _positional(_op, args, kwargs)
-            return _fn(*args) if _applies(*args) else NotImplemented
-        decompositions[op] = decomposed
+    covered = decompositions_by_op()
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in covered:
+            args = _positional(node.target, tuple(example(a) for a in node.args),
+                               {k: example(v) for k, v in node.kwargs.items()})
+            if not covered[node.target][1](*args):
+                del covered[node.target]
+    return {op: functools.partial(_decomposed, op, fn) for op, (fn, _) in covered.items()}
+
+
+def _decomposed(op: torch._ops.OpOverload, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    return fn(*_positional(op, args, kwargs))
+
+
+def register() -> None:
+    """Register the static Linear's freezing rewrite (it acts while :func:`packaging` only);
+    the decompositions join inductor's table inside :func:`packaging`."""
     _register_linear_fusion()
 
 
