@@ -23,7 +23,8 @@ from .summary import record as _record_coverage
 from .backend_config import BackendConfig, get_native_backend_config
 from .backend_config.utils import get_module_to_qat_module
 from .fx.convert import (convert_to_reference, keep_quantized_outputs, lower_to_torchquant,
-                         ORIGINAL_WEIGHTS_LOOKUP, read_qparams_from_buffers,
+                         ORIGINAL_WEIGHTS_LOOKUP, drop_unread_float_weights,
+                         read_qparams_from_buffers,
                          mark_quantized_inputs, remove_qconfigs, rewire_standalone_module,
                          swap_custom_modules)
 from .fx.custom_config import ConvertCustomConfig, FuseCustomConfig, PrepareCustomConfig
@@ -285,7 +286,9 @@ def _convert(graph_module: GraphModule, convert_custom_config: Any, qconfig_mapp
                     _convert(child, None, None, child_backend, is_reference,
                              f"{what} (standalone module '{node.target}')"))
     gm = convert_to_reference(gm, backend, state["_quantized_root_configs"],
-                              remove_qconfig=is_reference)
+                              remove_qconfig=is_reference,
+                              node_name_to_scope=state.get("_node_name_to_scope"),
+                              node_name_to_qconfig=state.get("_node_name_to_qconfig"))
     mark_quantized_inputs(gm, state.get("_input_quantized_indexes", []))
     swap_custom_modules(gm, state.get("_custom_module_nodes", []),
                         custom.observed_to_quantized_mapping.get(QuantType.STATIC, {}))
@@ -297,6 +300,7 @@ def _convert(graph_module: GraphModule, convert_custom_config: Any, qconfig_mapp
     keep_quantized_outputs(gm, state.get("_output_quantized_indexes", []))
     if not is_reference:
         read_qparams_from_buffers(gm)
+        drop_unread_float_weights(gm)
     _warn_float_nodes(graph_module, what)
     gm.meta.pop(_PREPARED_KEY, None)
     _copy_preserved(graph_module, gm, custom.preserved_attributes)

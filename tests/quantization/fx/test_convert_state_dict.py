@@ -126,3 +126,85 @@ def test_a_bad_loaded_scale_is_refused():
     state[key] = torch.tensor(-1.0)
     with pytest.raises(ValueError, match=key):
         first.load_state_dict(state)
+
+
+
+class _Block(nn.Module):
+    def __init__(self, functional: bool):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 2, 1)
+        self.functional = functional
+        self.w = nn.Parameter(torch.randn(4, 18))
+        self.fc = nn.Linear(18, 4)
+
+    def forward(self, y):
+        z = torch.sigmoid(torch.relu(self.conv(y))).flatten(1)
+        return F.linear(z, self.w) if self.functional else self.fc(z)
+
+
+class _Nested(nn.Module):
+    """Qparam buffers named after nested scopes, model inputs, a float op's output and (with
+    ``functional``) a functional linear's weight."""
+
+    def __init__(self, functional: bool = False):
+        super().__init__()
+        self.block = _Block(functional)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, y):
+        return self.fc(self.block(y)) + 1.0
+
+
+def _nested_example():
+    return (torch.randn(2, 2, 3, 3, generator=torch.Generator().manual_seed(0)),)
+
+
+@pytest.mark.parametrize("model,example,reference", [
+    (Mixed, _example, False), (Mixed, _example, True),
+    (_Nested, _nested_example, False), (_Nested, _nested_example, True),
+    (lambda: _Nested(functional=True), _nested_example, True),
+])
+def test_state_dict_keys_are_torch_aos(model, example, reference):
+    """The activation qparam buffers carry torch.ao's names (``<module path>[_input]_scale_<n>``),
+    the ones a lowered op does not read are dropped as torch.ao drops them (a lowered cat takes
+    its first input's qparams), and so do float weights nothing reads: a state dict saved from
+    one loads into the other by key.  (A lowered *functional* linear differs: torch.ao keeps one
+    opaque packed-weight object, torchquant a quantized Linear submodule.)"""
+    torch.manual_seed(0)
+    float_model, x = model().eval(), example()
+    keys = []
+    for fx, mapping in ((quantize_fx, get_default_qconfig_mapping("x86")),
+                        (ao_fx, ao.get_default_qconfig_mapping("x86"))):
+        prepared = fx.prepare_fx(copy.deepcopy(float_model), mapping, x)
+        prepared(*x)
+        convert = fx.convert_to_reference_fx if reference else fx.convert_fx
+        keys.append(sorted(convert(prepared).state_dict()))
+    assert keys[0] == keys[1]
+    assert any("_input_scale_" in k for k in keys[0])
+
+
+def test_a_functional_linears_float_weight_leaves_the_converted_model():
+    torch.manual_seed(0)
+    x = _nested_example()
+    prepared = quantize_fx.prepare_fx(_Nested(functional=True).eval(),
+                                      get_default_qconfig_mapping("x86"), x)
+    prepared(*x)
+    converted = quantize_fx.convert_fx(prepared)
+    assert "block.w" not in converted.state_dict()
+    assert "block.conv.weight" in converted.state_dict()  # the quantized conv's own weight
+    converted(*x)
+
+
+def test_torch_relu_and_the_flatten_method_stay_float_as_in_torch_ao():
+    """torch.ao's lowering runs only its listed copy ops on quantized tensors; ``torch.relu``
+    and ``.flatten()`` are not listed, so they run in float and are requantized to their own
+    observers' qparams (another scale than their input's here: the outputs differed by a step)."""
+    torch.manual_seed(0)
+    model, x = _Nested().eval(), _nested_example()
+    outputs = []
+    for fx, mapping in ((quantize_fx, get_default_qconfig_mapping("x86")),
+                        (ao_fx, ao.get_default_qconfig_mapping("x86"))):
+        prepared = fx.prepare_fx(copy.deepcopy(model), mapping, x)
+        prepared(*x)
+        outputs.append(fx.convert_fx(prepared)(*x))
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)

@@ -71,8 +71,10 @@ def mul_scalar(q: QTensor, other: float) -> QTensor:
     return QTensor.from_int_per_tensor(out, out_scale, out_zp, qd)
 
 
-def cat(tensors: Sequence[QTensor], dim: int, scale: float, zero_point: int) -> QTensor:
-    """Concatenate, requantizing every input to (scale, zero_point)."""
+def cat(tensors: Sequence[QTensor], dim: int, scale: float | None,
+        zero_point: int | None) -> QTensor:
+    """Concatenate, requantizing every input to (scale, zero_point); ``None`` takes the first
+    input's (torch's quantized ``torch.cat``, which FX-converted models call)."""
     tensors = list(tensors)
     if not tensors:
         raise ValueError("quantized.cat needs at least one tensor")
@@ -82,6 +84,8 @@ def cat(tensors: Sequence[QTensor], dim: int, scale: float, zero_point: int) -> 
             raise RuntimeError(f"quantized.cat: all inputs must have one quantized dtype, got "
                                f"{tensors[0].qdtype!r} and {t.qdtype!r}")
     qparams = [t._scale_zp() for t in tensors]
+    if scale is None or zero_point is None:
+        scale, zero_point = qparams[0]
     qd = tensors[0].qdtype
     out = _ops_binary.cat([t._values() for t in tensors], [s for s, _ in qparams],
                           [z for _, z in qparams], dim, float(scale), int(zero_point), qd)

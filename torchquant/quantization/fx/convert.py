@@ -45,7 +45,8 @@ from .fuse import _set_module
 __all__ = ["quantize_per_tensor", "quantize_per_channel", "quantize_per_tensor_dynamic",
            "round_to_float16", "convert_to_reference", "lower_to_torchquant", "remove_qconfigs",
            "mark_quantized_inputs", "swap_custom_modules", "keep_quantized_outputs",
-           "rewire_standalone_module", "activation_qparams", "ORIGINAL_WEIGHTS_LOOKUP", "read_qparams_from_buffers",
+           "rewire_standalone_module", "activation_qparams", "ORIGINAL_WEIGHTS_LOOKUP",
+           "read_qparams_from_buffers", "drop_unread_float_weights",
            "refresh_qparam_literals"]
 
 
@@ -98,14 +99,42 @@ def _new_attr_name(gm: GraphModule, prefix: str) -> str:
     return f"{prefix}{i}"
 
 
+_QPARAM_BUFFERS = "_torchquant_activation_qparam_buffers"
+
+
 def _get_attr_node(gm: GraphModule, prefix: str, value: torch.Tensor) -> Node:
     name = _new_attr_name(gm, prefix)
     gm.register_buffer(name, value)
+    gm.__dict__.setdefault(_QPARAM_BUFFERS, set()).add(name)
     return gm.graph.create_node("get_attr", name, (), {})
 
 
-def _replace_observer(gm: GraphModule, node: Node, observer: torch.nn.Module) -> None:
-    """observer node -> quantize node + one dequantize per use (or nothing for float)."""
+def _qparam_buffer_prefix(node: Node, scopes: dict[str, tuple[str, Any]],
+                          qconfigs: dict[str, Any]) -> str:
+    """Where an observer's qparam buffers are named after, as torch.ao's convert names them
+    (so state_dict keys are the same): the module path of the observed node's scope, or, for
+    an observer that only quantizes an input of the next op (the observed node has no qconfig:
+    a model input, a float op's output), the path of its first user (its first ``F.linear``
+    user if any) followed by ``_input``."""
+    observed = node.args[0]
+    # a weight read by get_attr counts as its module's (torch.ao gives it that qconfig)
+    input_only = (isinstance(observed, Node) and observed.op != "get_attr"
+                  and observed.name in qconfigs and qconfigs[observed.name] is None)
+    if input_only:
+        users = list(node.users)
+        named = next((u for u in users if u.op == "call_function"
+                      and u.target is torch.nn.functional.linear), users[0] if users else None)
+        suffix = "_input"
+    else:
+        named, suffix = observed, ""
+    path = scopes[named.name][0] if isinstance(named, Node) and named.name in scopes else ""
+    return (path + suffix).replace(".", "_")
+
+
+def _replace_observer(gm: GraphModule, node: Node, observer: torch.nn.Module,
+                      buffer_prefix: str = "") -> None:
+    """observer node -> quantize node + one dequantize per use (or nothing for float).  The
+    qparams go into buffers ``<buffer_prefix>_scale_<n>`` / ``<buffer_prefix>_zero_point_<n>``."""
     graph = gm.graph
     source = node.args[0]
     dtype = observer.dtype
@@ -134,15 +163,16 @@ def _replace_observer(gm: GraphModule, node: Node, observer: torch.nn.Module) ->
     scale, zero_point = observer.calculate_qparams()
     with graph.inserting_before(node):
         if is_per_channel(getattr(observer, "qscheme", None)):
-            scale_node = _get_attr_node(gm, "_scale_", scale.detach().clone())
-            zp_node = _get_attr_node(gm, "_zero_point_", zero_point.detach().clone())
+            scale_node = _get_attr_node(gm, buffer_prefix + "_scale_", scale.detach().clone())
+            zp_node = _get_attr_node(gm, buffer_prefix + "_zero_point_",
+                                     zero_point.detach().clone())
             quant = graph.call_function(quantize_per_channel,
                                         (source, scale_node, zp_node, int(observer.ch_axis),
                                          qdtype.name))
         else:
-            scale_node = _get_attr_node(gm, "_scale_",
+            scale_node = _get_attr_node(gm, buffer_prefix + "_scale_",
                                         torch.tensor(float(scale), dtype=torch.float32))
-            zp_node = _get_attr_node(gm, "_zero_point_",
+            zp_node = _get_attr_node(gm, buffer_prefix + "_zero_point_",
                                      torch.tensor(int(zero_point), dtype=torch.int64))
             quant = graph.call_function(quantize_per_tensor,
                                         (source, scale_node, zp_node, qdtype.name))
@@ -209,10 +239,13 @@ def remove_qconfigs(gm: GraphModule) -> None:
 
 
 def convert_to_reference(gm: GraphModule, backend_config: BackendConfig,
-                         quantized_roots: dict[str, Any], remove_qconfig: bool = True
-                         ) -> GraphModule:
+                         quantized_roots: dict[str, Any], remove_qconfig: bool = True,
+                         node_name_to_scope: dict[str, tuple[str, Any]] | None = None,
+                         node_name_to_qconfig: dict[str, Any] | None = None) -> GraphModule:
     """Reference model, in place on ``gm`` (already a copy).  ``remove_qconfig=False`` keeps
-    the modules' qconfigs for the lowering (a quantized PReLU observes its weight then)."""
+    the modules' qconfigs for the lowering (a quantized PReLU observes its weight then).  The
+    prepare step's scopes and qconfigs name the qparam buffers as torch.ao does."""
+    scopes, qconfigs = node_name_to_scope or {}, node_name_to_qconfig or {}
     modules = dict(gm.named_modules(remove_duplicate=False))
     root_to_ref = get_root_module_to_quantized_reference_module(backend_config)
     for node in list(gm.graph.nodes):
@@ -220,7 +253,7 @@ def convert_to_reference(gm: GraphModule, backend_config: BackendConfig,
             continue
         module = modules[str(node.target)]
         if _is_observer(module):
-            _replace_observer(gm, node, module)
+            _replace_observer(gm, node, module, _qparam_buffer_prefix(node, scopes, qconfigs))
         elif node.name in quantized_roots:
             qconfig = getattr(module, "qconfig", None)
             if qconfig is None:
@@ -295,20 +328,22 @@ _WEIGHT_ONLY_LOWER_MODULES: dict[type, type] = {
     nnqr.EmbeddingBag: nnq.EmbeddingBag,
 }
 # ops that run on a QTensor and keep its qparams: a dequantize -> op -> quantize island around
-# them is removed whatever the backend config says (torch's lowering does the same)
+# them is removed whatever the backend config says (torch's lowering does the same, for these
+# exact lists: ``torch.relu`` and the ``.flatten()`` method are not among them there, so they
+# stay float between dequantize and quantize, requantized to their own observer's qparams)
 _COPY_MODULES = (torch.nn.ReLU, torch.nn.ReLU6, torch.nn.Hardtanh, torch.nn.Identity,
                  torch.nn.MaxPool1d, torch.nn.MaxPool2d, torch.nn.MaxPool3d,
                  torch.nn.AvgPool1d, torch.nn.AvgPool2d, torch.nn.AvgPool3d,
                  torch.nn.AdaptiveAvgPool1d, torch.nn.AdaptiveAvgPool2d,
-                 torch.nn.AdaptiveAvgPool3d)
-_COPY_FUNCTIONS = (F.relu, torch.relu, F.relu6, F.hardtanh, F.max_pool1d, F.max_pool2d,
+                 torch.nn.AdaptiveAvgPool3d, torch.nn.ChannelShuffle)
+_COPY_FUNCTIONS = (F.relu, F.relu6, F.hardtanh, F.max_pool1d, F.max_pool2d,
                    F.max_pool3d, F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.adaptive_avg_pool1d,
                    F.adaptive_avg_pool2d, F.adaptive_avg_pool3d, F.interpolate, torch.clamp,
                    torch.mean, torch.flatten, torch.transpose, torch.squeeze, torch.unsqueeze,
-                   torch.repeat_interleave)
+                   torch.repeat_interleave, torch.channel_shuffle, F.channel_shuffle)
 _COPY_METHODS = ("relu", "relu_", "clamp", "mean", "contiguous", "detach", "detach_", "permute",
                  "repeat", "repeat_interleave", "reshape", "resize_", "squeeze", "squeeze_",
-                 "transpose", "unsqueeze", "unsqueeze_", "view", "flatten")
+                 "transpose", "unsqueeze", "unsqueeze_", "view")
 # fixed-qparams ops: the QTensor op produces its fixed output qparams
 _FIXED_QPARAMS_MODULES = (torch.nn.Sigmoid, torch.nn.Tanh, torch.nn.Hardsigmoid)
 _FIXED_QPARAMS_FUNCTIONS = (torch.sigmoid, torch.tanh, F.hardsigmoid)
@@ -422,6 +457,7 @@ def read_qparams_from_buffers(gm: GraphModule) -> None:
     ``activation_qparams(<_scale_n buffer>, <_zero_point_n buffer>, ...)``."""
     literals = gm.__dict__.pop(_QPARAM_LITERALS, None)
     if not literals:
+        _drop_unread_qparam_buffers(gm)
         return
     graph = gm.graph
     for node in list(graph.nodes):
@@ -474,14 +510,34 @@ def _refresh_after_load(module: torch.nn.Module, incompatible_keys: Any) -> None
 
 
 def _drop_unread_qparam_buffers(gm: GraphModule) -> None:
-    """``_scale_<n>`` / ``_zero_point_<n>`` buffers that nothing reads any more (their quantize
+    """Activation qparam buffers (``_scale_<n>`` / ``_zero_point_<n>``) that nothing reads any more (their quantize
     node was folded into a module holding its own qparams) leave the state dict."""
     read = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
     for _, scale_attr, zp_attr, _ in gm.__dict__.get(_QPARAM_LITERALS, {}).values():
         read.update((scale_attr, zp_attr))
-    for name in list(gm._buffers):
-        if (name.startswith("_scale_") or name.startswith("_zero_point_")) and name not in read:
-            del gm._buffers[name]
+    for name in gm.__dict__.pop(_QPARAM_BUFFERS, ()):
+        if name not in read:
+            gm._buffers.pop(name, None)
+
+
+def drop_unread_float_weights(gm: GraphModule) -> None:
+    """Parameters and buffers that the lowered graph no longer reads (a functional linear's
+    float weight, now quantized into its own holder) leave the model, as torch.ao's convert
+    rebuilds its GraphModule from what the graph uses: neither a ``get_attr`` target nor inside
+    a module the graph calls."""
+    read = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    called = {str(n.target) for n in gm.graph.nodes if n.op == "call_module"}
+
+    def used(name: str) -> bool:
+        return name in read or any(name.startswith(path + ".") for path in called)
+
+    for kind in ("_parameters", "_buffers"):
+        for name, _ in list(getattr(gm, "named_" + kind[1:])()):
+            if used(name):
+                continue
+            owner_path, _, attr = name.rpartition(".")
+            owner = gm.get_submodule(owner_path) if owner_path else gm
+            getattr(owner, kind).pop(attr, None)
 
 
 def _finish(gm: GraphModule, lowered: Node, quant_out: Node, dropped: list[Node]) -> None:
@@ -638,11 +694,13 @@ def _lower_cat(gm: GraphModule, node: Node) -> None:
     quant_out = _single_quantize_user(node)
     if quant_out is None:
         return
-    scale, zp = _qparams(gm, quant_out)
+    # the output takes the first input's qparams at run time, as torch.ao's lowered
+    # torch.cat does (its observer is shared with the inputs: the same values at convert), so a
+    # loaded state dict moves both together and the output's own buffers are not read
     with gm.graph.inserting_before(node):
-        lowered = gm.graph.call_function(_binary.cat, ([t.args[0] for t in tensors], dim, scale,
-                                                       zp))
-    lowered.meta["torchquant_qparams"] = (scale, zp)
+        lowered = gm.graph.call_function(_binary.cat, ([t.args[0] for t in tensors], dim, None,
+                                                       None))
+    lowered.meta["torchquant_qparams"] = _qparams(gm, quant_out)
     _finish(gm, lowered, quant_out, [node, *tensors])
 
 
