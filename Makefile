@@ -27,7 +27,7 @@ $(BENCH_STAMP): $(STAMP)
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)
-	for b in tensor observers fake_quantize kernels dynamic models peers rnn first_use; do $(PY) bench/bench_$$b.py || exit 1; done
+	for b in tensor observers fake_quantize kernels dynamic models peers rnn first_use onnx; do $(PY) bench/bench_$$b.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info torchquant/kernels/native/_C*.so

@@ -328,3 +328,33 @@ def test_imports_without_onnx_and_says_how_to_install():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert "pip install 'torchquant[onnx]'" in out.stdout
+
+
+@pytest.mark.parametrize("reduce_range", [False, True])
+def test_dynamic_qparams_are_torchs(reduce_range, tmp_path):
+    """The exported quantize_dynamic_per_tensor picks torchquant's (ATen's) scale and zero
+    point on ordinary, one-sided, all-zero and tiny-range inputs (ATen's floor on the scale);
+    the codes may differ by one where a value sits on a tie (ONNX divides by the scale,
+    torchquant multiplies by its float32 reciprocal)."""
+    class Quantize(nn.Module):
+        def forward(self, x):
+            return torch.ops.torchquant.quantize_dynamic_per_tensor(x, "quint8", reduce_range)
+    model = Quantize()
+    session = ort.InferenceSession(str(tq_onnx.export(model, (torch.randn(2, 64),),
+                                                      tmp_path / "q.onnx")),
+                                   providers=["CPUExecutionProvider"])
+    gen = torch.Generator().manual_seed(0)
+    cases = [torch.zeros(3, 64), torch.rand(3, 64, generator=gen) * 1e-3,
+             -torch.rand(3, 64, generator=gen) * 1e-3, torch.randn(3, 64, generator=gen) * 1e-6,
+             torch.rand(3, 64, generator=gen) * 5, -torch.rand(3, 64, generator=gen)]
+    cases += [torch.randn(3, 64, generator=gen) * 10 ** float(torch.empty(()).uniform_(
+        -2, 2, generator=gen)) + float(torch.randn((), generator=gen)) for _ in range(50)]
+    equal = total = 0
+    for x in cases:
+        codes, scale, zero_point = model(x)
+        o_codes, o_scale, o_zp = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+        assert float(o_scale) == scale.item() and int(o_zp) == zero_point.item()
+        diff = (torch.from_numpy(o_codes).int() - codes.int()).abs()
+        assert diff.max().item() <= 1
+        equal, total = equal + (diff == 0).sum().item(), total + diff.numel()
+    assert equal / total >= 0.999

@@ -233,43 +233,34 @@ def adaptive_avg_pool2d(values, zero_point: int, qdtype: str, output_size: Seque
 def _dynamic_qparams(x: ir.Value, qmin: int, qmax: int, reduce_range: bool
                      ) -> tuple[ir.Value, ir.Value]:
     """torch's dynamic activation qparams (ATen's ChooseQuantizationParams, as
-    :func:`torchquant.affine.choose_qparams_aten_scalar`) in ONNX ops: range widened to hold 0,
-    ``reduce_range`` halving the grid, scale 0.1 for an all-zero input, ATen's small-scale
-    floor, and the zero point from whichever end loses less.  Returns the float64 scale and
-    the zero point as float64 (integral)."""
+    :func:`torchquant.affine.choose_qparams_aten_scalar`) in few ONNX ops -- an LSTM runs them
+    every step, and ORT pays per node: the float32 range widened to hold 0, ``reduce_range``
+    halving the grid, the scale in float64, 0.1 for an all-zero input, ATen's floor on tiny
+    scales.  Returns the float64 scale and the zero point as float64 (integral).
+
+    Two of ATen's steps are folded, with the same results up to the rounding of one value:
+    under the floor ATen widens the range by ``threshold / scale`` and recomputes the zero
+    point from it, which is the zero point of the unwidened range (``mn * a / (scale * a)``),
+    so the floor is ``max(scale, threshold)`` on the final scale only; and ATen takes the
+    zero point from whichever end of the range loses less (``qmin - mn / scale`` or
+    ``qmax - mx / scale``), two expressions equal but for float64 rounding (``scale`` is
+    ``(mx - mn) / (qmax - qmin)``), so one is used: they round apart only on a zero point
+    within ~1e-13 of a tie."""
     if reduce_range:
         qmin, qmax = qmin // 2, qmax // 2
     f64 = ir.DataType.DOUBLE
     xf = _to_float(x)
-    zero = _const(0.0, np.float64)
-    mn = op.Min(op.Cast(op.ReduceMin(xf, keepdims=0), to=f64), zero)
-    mx = op.Max(op.Cast(op.ReduceMax(xf, keepdims=0), to=f64), zero)
-    span = float(qmax - qmin)
-    scale = op.Div(op.Sub(mx, mn), _const(span, np.float64))
-    scale32 = op.Cast(scale, to=ir.DataType.FLOAT)
-    degenerate = op.Or(op.Equal(scale32, _f32(0.0)),
-                       op.IsInf(op.Div(_f32(1.0), scale32)))
-    scale = op.Where(degenerate, _const(0.1, np.float64), scale)
-    # ATen's floor on tiny scales: widen the range so the scale becomes the threshold (float32
-    # steps as ATen's)
+    mn = op.Cast(op.Min(op.ReduceMin(xf, keepdims=0), _f32(0.0)), to=f64)
+    mx = op.Cast(op.Max(op.ReduceMax(xf, keepdims=0), _f32(0.0)), to=f64)
+    scale = op.Div(op.Sub(mx, mn), _const(float(qmax - qmin), np.float64))
+    # ATen tests the float32 scale for 0 (and for an infinite reciprocal: a range below
+    # ~1e-36, taken as zero here)
+    scale = op.Where(op.Equal(op.Cast(scale, to=ir.DataType.FLOAT), _f32(0.0)),
+                     _const(0.1, np.float64), scale)
+    zp = op.Sub(_const(float(qmin), np.float64), op.Div(mn, scale))
+    zp = op.Round(op.Clip(zp, _const(float(qmin), np.float64), _const(float(qmax), np.float64)))
     thr = float(np.float32(affine.SMALL_SCALE_THRESHOLD))
-    small = op.Less(scale, _const(affine.SMALL_SCALE_THRESHOLD, np.float64))
-    amplifier = op.Div(_f32(thr), scale32)
-    mn32, mx32 = op.Cast(mn, to=ir.DataType.FLOAT), op.Cast(mx, to=ir.DataType.FLOAT)
-    wide_mn = op.Where(op.Equal(mx, zero), _f32(-thr * span),
-                       op.Where(op.Equal(mn, zero), mn32, op.Mul(mn32, amplifier)))
-    wide_mx = op.Where(op.Equal(mn, zero), _f32(thr * span),
-                       op.Where(op.Equal(mx, zero), mx32, op.Mul(mx32, amplifier)))
-    mn = op.Where(small, op.Cast(wide_mn, to=f64), mn)
-    mx = op.Where(small, op.Cast(wide_mx, to=f64), mx)
-    scale = op.Where(small, _const(thr, np.float64), scale)
-    lo, hi = op.Div(mn, scale), op.Div(mx, scale)
-    err_min = op.Sub(_const(abs(qmin), np.float64), op.Abs(lo))
-    err_max = op.Sub(_const(abs(qmax), np.float64), op.Abs(hi))
-    zp = op.Where(op.Less(err_min, err_max), op.Sub(_const(qmin, np.float64), lo),
-                  op.Sub(_const(qmax, np.float64), hi))
-    zp = op.Round(op.Clip(zp, _const(qmin, np.float64), _const(qmax, np.float64)))
-    return scale, zp
+    return op.Max(scale, _const(thr, np.float64)), zp
 
 
 def _dynamic_quantize(x: ir.Value, qdtype: str, reduce_range: bool) -> tuple[ir.Value, ...]:
