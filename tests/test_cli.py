@@ -263,52 +263,44 @@ def test_not_a_program_is_one_line_naming_the_file_and_what_was_expected(files):
 
 # ---- package: a quantized program as an AOTInductor package (issue 30) ----------------------
 
-@pytest.fixture(scope="module")
-def dynamic_files(files):
-    """A float program with a dynamic batch, quantized by the CLI (x86)."""
+def test_quantize_keeps_a_dynamic_batch_and_package_runs_without_torchquant(files, capsys):
+    """``quantize`` of a program with a dynamic batch writes one with a dynamic batch, and
+    ``package`` turns it into an AOTInductor package that a process without torchquant runs
+    at another batch size (one test: each step compiles)."""
     torch.manual_seed(0)
-    batch = {0: torch.export.Dim.DYNAMIC}
     program = torch.export.export(SmallNet().eval(), (torch.randn(2, 3, 8, 8),),
-                                  dynamic_shapes=(batch,))
+                                  dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
     torch.export.save(program, files / "float-dynamic.pt2")
-    rc = main(["quantize", str(files / "float-dynamic.pt2"), "--calib", str(files / "calib.pt"),
-               "--quantizer", "x86", "--out", str(files / "q-dynamic.pt2"),
-               "--latency-runs", "1"])
-    assert rc == 0
-    return files
-
-
-def test_quantize_keeps_the_programs_dynamic_batch(dynamic_files):
-    quantized = torch.export.load(str(dynamic_files / "q-dynamic.pt2"))
-    x = next(n for n in quantized.graph.nodes if n.op == "placeholder"
-             and n.name in quantized.graph_signature.user_inputs)
-    assert not isinstance(x.meta["val"].shape[0], int)
-    assert quantized.module()(torch.randn(5, 3, 8, 8)).shape == (5, 4)
-
-
-def test_package_runs_without_torchquant_at_another_batch(dynamic_files, capsys):
-    folder = dynamic_files
-    out = folder / "model-package.pt2"
-    rc, stdout, err = _run(["package", folder / "q-dynamic.pt2", "--example",
-                            folder / "calib.pt", "--out", out], capsys)
+    quantized_path, out = files / "q-dynamic.pt2", files / "model-package.pt2"
+    rc, _, err = _run(["quantize", files / "float-dynamic.pt2", "--calib", files / "calib.pt",
+                       "--quantizer", "x86", "--out", quantized_path, "--latency-runs", "1"],
+                      capsys)
     assert rc == 0, err
-    assert "batch dynamic" in stdout and out.exists() and _no_temporaries(folder)
+    quantized = torch.export.load(str(quantized_path))
+    x_node = next(n for n in quantized.graph.nodes if n.op == "placeholder"
+                  and n.name in quantized.graph_signature.user_inputs)
+    assert not isinstance(x_node.meta["val"].shape[0], int)
+
+    rc, stdout, err = _run(["package", quantized_path, "--example", files / "calib.pt",
+                            "--out", out], capsys)
+    assert rc == 0, err
+    assert "batch dynamic" in stdout and out.exists() and _no_temporaries(files)
     x = torch.randn(3, 3, 8, 8, generator=torch.Generator().manual_seed(9))
-    torch.save(x, folder / "x3.pt")
+    torch.save(x, files / "x3.pt")
     script = ("import sys, torch\n"
               "from torch._inductor import aoti_load_package\n"
               "y = aoti_load_package(sys.argv[1])(torch.load(sys.argv[2]))\n"
               "assert 'torchquant' not in sys.modules\n"
               "torch.save(y, sys.argv[3])\n")
-    subprocess.run([sys.executable, "-c", script, str(out), str(folder / "x3.pt"),
-                    str(folder / "y3.pt")], check=True, timeout=300, capture_output=True)
-    got = torch.load(folder / "y3.pt")
+    subprocess.run([sys.executable, "-c", script, str(out), str(files / "x3.pt"),
+                    str(files / "y3.pt")], check=True, timeout=300, capture_output=True)
+    got = torch.load(files / "y3.pt")
     with torch.no_grad():
-        expected = torch.export.load(str(folder / "q-dynamic.pt2")).module()(x)
+        expected = quantized.module()(x)
     # oneDNN's fused int8 convs may requantize a rounding tie one step from the Python
     # graph's float conv + quantize (tests/test_package.py compares them exactly with the
     # lowered model)
-    assert got.shape == expected.shape
+    assert got.shape == expected.shape == (3, 4)
     assert (got - expected).abs().max() <= 0.02 * expected.abs().max()
 
 

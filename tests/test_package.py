@@ -1,10 +1,10 @@
 """torchquant.export_package / torchquant.load: AOTInductor packages of converted models that
 run in a process without torchquant and give the Python model's outputs.
 
-Each package is one inductor compile (seconds each), so every model is converted and packaged
-once (module fixture), and one fresh interpreter loads all the packages, runs them at the
-example's batch size and another one (the batch is dynamic), checks it never imported
-torchquant and saves the outputs for the tests to compare.
+Each package is one inductor compile (seconds each): every model is converted and packaged once,
+and a fresh interpreter loads the package, runs it at the example's batch size and another one
+(the batch is dynamic), checks it never imported torchquant and saves the outputs for the test
+to compare.
 """
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import zipfile
-from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -38,14 +37,13 @@ CASES: dict[str, tuple[str, Callable[[], nn.Module]]] = {
 }
 
 _FRESH_PROCESS = textwrap.dedent("""
-    import json, sys, torch
+    import sys, torch
     from torch._inductor import aoti_load_package
-    jobs = json.loads(sys.argv[1])
-    for package, runs in jobs.items():
-        model = aoti_load_package(package)
-        for inputs, output in runs:
-            with torch.no_grad():
-                torch.save(model(*torch.load(inputs)), output)
+    package, *runs = sys.argv[1:]
+    model = aoti_load_package(package)
+    for inputs, output in zip(runs[::2], runs[1::2]):
+        with torch.no_grad():
+            torch.save(model(*torch.load(inputs)), output)
     assert "torchquant" not in sys.modules, "the package imported torchquant"
     print("fresh process: ok")
 """)
@@ -58,80 +56,59 @@ FLOAT_ULPS = {"rtol": 1e-5, "atol": 1e-6}
 BIT_EXACT = {"resnet-eager", "resnet-fx", "mobilenet-fx"}
 
 
-@pytest.fixture(scope="module")
-def packages(tmp_path_factory) -> dict[str, dict]:
-    """case -> {"path", "model", "runs": [(inputs, python outputs, lowered outputs or None,
-    package outputs)]}."""
-    folder = tmp_path_factory.mktemp("packages")
-    built: dict[str, dict] = {}
-    jobs: dict[str, list] = {}
-    for case, (name, convert) in CASES.items():
-        model = convert()
-        path = torchquant.export_package(model, sm.example(name, EXAMPLE_BATCH),
-                                         folder / f"{case}.pt2")
-        lowered = (torchquant.compile(model, use_torch_compile=False)
-                   if case.endswith("pt2e") else None)
-        runs = []
-        for batch in (EXAMPLE_BATCH, OTHER_BATCH):
-            inputs = sm.example(name, batch, seed=100 + batch)
-            with torch.no_grad():
-                expected = model(*inputs)
-                fused = None if lowered is None else lowered(*inputs)
-            stem = folder / f"{case}-b{batch}"
-            torch.save(inputs, f"{stem}-in.pt")
-            runs.append((inputs, expected, fused, f"{stem}-out.pt"))
-            jobs.setdefault(str(path), []).append((f"{stem}-in.pt", f"{stem}-out.pt"))
-        built[case] = {"path": path, "model": model, "runs": runs}
-    done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS, json.dumps(jobs)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and "fresh process: ok" in done.stdout, done.stderr[-3000:]
-    for entry in built.values():
-        entry["runs"] = [(x, y, f, torch.load(out)) for x, y, f, out in entry["runs"]]
-    return built
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_fresh_process_gives_python_outputs(packages, case):
-    """At the example's batch size and another (dynamic batch), in a process that never
-    imported torchquant."""
-    runs = packages[case]["runs"]
-    assert [x[0].size(0) for x, *_ in runs] == [EXAMPLE_BATCH, OTHER_BATCH]
-    for inputs, expected, fused, got in runs:
+def test_package_in_a_fresh_process_gives_python_outputs(case, tmp_path):
+    """Converted, packaged and run at the example's batch size and another (dynamic batch) in
+    a process that never imports torchquant.  One test per model (one compile each), so that
+    pytest-xdist's workers share the compiles out instead of repeating them."""
+    name, convert = CASES[case]
+    model = convert()
+    path = torchquant.export_package(model, sm.example(name, EXAMPLE_BATCH),
+                                     tmp_path / f"{case}.pt2")
+    runs, argv = [], [str(path)]
+    for batch in (EXAMPLE_BATCH, OTHER_BATCH):
+        inputs = sm.example(name, batch, seed=100 + batch)
+        torch.save(inputs, tmp_path / f"in{batch}.pt")
+        argv += [str(tmp_path / f"in{batch}.pt"), str(tmp_path / f"out{batch}.pt")]
+        runs.append(inputs)
+    done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS, *argv], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0 and "fresh process: ok" in done.stdout, done.stderr[-3000:]
+
+    lowered = torchquant.compile(model, use_torch_compile=False) if case.endswith("pt2e") else None
+    in_process = torchquant.load(path)
+    for inputs in runs:
+        got = torch.load(tmp_path / f"out{inputs[0].size(0)}.pt")
+        with torch.no_grad():
+            expected = model(*inputs)
+            assert torch.equal(in_process(*inputs), got)  # torchquant.load: the same package
         assert got.shape == expected.shape and got.dtype == expected.dtype
         if case in BIT_EXACT:
             assert torch.equal(got, expected)
-        elif fused is not None:
+        elif lowered is not None:
             # PT2E: the package's convs are oneDNN int8 calls that requantize their int32
             # accumulator, which lands one step from the Python graph's float conv + quantize
             # where that sits on a rounding tie (and the step propagates); they are the very
             # calls torchquant's lowered (fused) model makes, which it matches up to the last
             # float epilogue's ulps
-            torch.testing.assert_close(got, fused, **FLOAT_ULPS)
+            with torch.no_grad():
+                torch.testing.assert_close(got, lowered(*inputs), **FLOAT_ULPS)
             assert (got - expected).abs().max() <= 0.02 * expected.abs().max()
         else:
             torch.testing.assert_close(got, expected, **FLOAT_ULPS)
 
-
-def test_package_marks_itself_and_loads_in_process(packages):
-    entry = packages["resnet-eager"]
-    with zipfile.ZipFile(entry["path"]) as z:
+    with zipfile.ZipFile(path) as z:
         marker = [n for n in z.namelist() if n.endswith("extra/torchquant_package.json")]
         info = json.loads(z.read(marker[0]))
-    assert info["dynamic_batch"] is True and info["onednn_int8"] is True
-    inputs, expected, _, _ = entry["runs"][1]
-    with torch.no_grad():
-        assert torch.equal(torchquant.load(entry["path"])(*inputs), expected)
-
-
-def test_decompositions_leave_inductor_after_packaging(packages):
-    """Outside a package compile torchquant's fused ops have no inductor decomposition:
-    ``torch.compile`` runs them as they are (inductor refuses an op with both a table entry
-    and a fallback)."""
+    assert info["dynamic_batch"] is True
+    assert info["onednn_int8"] == (case not in ("minilm-eager", "lstm-eager"))  # _int_mm there
+    # outside a package compile torchquant's fused ops have no inductor decomposition
+    # (torch.compile runs them as they are; inductor refuses an op with both a table entry
+    # and a fallback)
     from torch._inductor.decomposition import decompositions
 
     from torchquant.ops.inductor import exact_decompositions
     assert not set(exact_decompositions.decompositions_by_op()) & set(decompositions)
-    assert not exact_decompositions.is_packaging()
 
 
 def test_load_rejects_what_it_did_not_write(tmp_path):
