@@ -13,14 +13,20 @@ error naming the op and the model's nodes, before the file is written.
 
 Which CPUs a package is exact on (the same integers as the Python model):
 
-* int8 convs / static Linears of eager- and FX-converted models, and of PT2E models compiled
-  on a CPU with AVX-512 VNNI or AMX, are oneDNN u8 x s8 calls: exact on CPUs with VNNI / AMX
-  (what the build CPU had: the decision is made there); on AVX2-only CPUs oneDNN saturates
-  int16 pairs and such a package can be off there.  On a CPU without exact oneDNN int8 a PT2E
-  model keeps its float conv on dequantized values (what its Python graph computes: exact
-  everywhere), while eager / FX convs cannot be packaged (an error says so).
-* dynamic Linear / LSTM (``torch._int_mm``): exact on every CPU except one whose oneDNN is
-  held below its ISA (``ONEDNN_MAX_CPU_ISA`` set lower than the CPU has).
+* oneDNN u8 x s8 calls -- the int8 convs and static Linears of eager- and FX-converted models,
+  and the convs / Linears (static or dynamic) of PT2E models packaged on a CPU with AVX-512
+  VNNI or AMX -- are exact on CPUs with VNNI / AMX (for PT2E: the integers of torchquant's
+  lowered model, which makes these calls; the ``convert_pt2e`` graph's float conv + quantize
+  can round a tie one step apart).  On AVX2-only CPUs oneDNN saturates
+  int16 pairs, so such a package can be off there (:func:`load` warns).  Packaged on a CPU
+  without exact oneDNN int8, a PT2E model keeps its float conv on dequantized values (what its
+  Python graph computes: exact everywhere), while eager / FX convs cannot be packaged (an
+  error says so).
+* the dynamic Linears / LSTM steps of eager ``quantize_dynamic`` models (``torch._int_mm``):
+  exact on every CPU except one whose oneDNN is held below its ISA (``ONEDNN_MAX_CPU_ISA``
+  lower than the CPU has); packaged there, they use an exact float64 matmul instead.
+* float parts (LayerNorm, softmax, GELU, LSTM gates, float-output epilogues) are inductor's
+  generated code: within an ulp or so of ATen's kernels.
 """
 from __future__ import annotations
 
