@@ -41,17 +41,25 @@ def _require() -> None:
         raise ImportError(f"torchquant.onnx needs {' and '.join(missing)}: {_INSTALL}")
 
 
+# Warnings that are noise to torchquant's users: torch's ONNX registry warns once per
+# torchvision op when torchvision is absent; onnxscript's constant folding warns where it
+# leaves a node unfolded (e.g. a Reshape to the symbolic batch).
+_NOISY_LOGGERS = ("torch.onnx._internal.exporter._registration",
+                  "onnxscript.optimizer._constant_folding")
+
+
 @contextlib.contextmanager
-def _quiet_registry():
-    """torch's ONNX registry logs a warning per torchvision op when torchvision is absent:
-    noise for torchquant's users, silenced for the export."""
-    log = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = log.level
-    log.setLevel(logging.ERROR)
+def _quiet_exporter():
+    """The exporter's loggers at ERROR for the export (restored after)."""
+    logs = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        log.setLevel(level)
+        for log, level in zip(logs, levels):
+            log.setLevel(level)
 
 
 def _batched(x: Any) -> Any:
@@ -101,7 +109,10 @@ def export(model: Union[torch.nn.Module, torch.export.ExportedProgram],
     ``torchquant.quantization.convert`` or ``quantize_dynamic``) to ``path`` as ONNX in QDQ
     form and return the path.
 
-    ``dynamic_batch``: dimension 0 of every tensor input is symbolic (any batch size runs).
+    ``dynamic_batch``: dimension 0 of every tensor input is symbolic, named ``batch`` in the
+    file (any batch size runs; where the model fixes it, torch.export keeps it static).  A
+    ``torch.export.ExportedProgram`` is taken with the shapes it was exported with.  Other
+    dimensions stay those of ``example_inputs`` (a dynamic LSTM's time steps are unrolled).
     ``lower``: a PT2E graph is first lowered onto torchquant's fused ops
     (:func:`torchquant.quantization.pt2e.lowering.lower_pt2e`, same numbers), which gives
     ONNX Runtime whole QDQ units to fuse; ``False`` exports the reference graph as it is.
@@ -115,7 +126,7 @@ def export(model: Union[torch.nn.Module, torch.export.ExportedProgram],
                          f"translations start there), got {opset}")
     program = _capture(model, tuple(example_inputs), dynamic_batch, lower)
     check_graph(program.graph)
-    with _quiet_registry():
+    with _quiet_exporter():
         onnx_program = torch.onnx.export(
             program, tuple(example_inputs), dynamo=True, opset_version=opset,
             custom_translation_table=_translate.table(), optimize=True, verbose=False,
@@ -131,15 +142,13 @@ def export(model: Union[torch.nn.Module, torch.export.ExportedProgram],
 
 
 def _name_batch_dim(proto: Any) -> None:
-    """Call the inputs' symbolic dimension 0 ``batch`` (torch names it after its symbol, e.g.
-    ``s77``), everywhere it appears."""
-    names = {inp.type.tensor_type.shape.dim[0].dim_param for inp in proto.graph.input
-             if inp.type.tensor_type.shape.dim and inp.type.tensor_type.shape.dim[0].dim_param}
-    if len(names) != 1:
-        return
-    old = names.pop()
+    """Call the inputs' symbolic dimension 0 ``batch`` everywhere it appears: torch names it
+    after its symbol (``s77``), one per input where the graph does not tie them (an encoder's
+    ids and mask), which ``dynamic_batch`` declares one dimension."""
+    old = {inp.type.tensor_type.shape.dim[0].dim_param for inp in proto.graph.input
+           if inp.type.tensor_type.shape.dim and inp.type.tensor_type.shape.dim[0].dim_param}
     graph = proto.graph
     for info in (*graph.input, *graph.output, *graph.value_info):
         for dim in info.type.tensor_type.shape.dim:
-            if dim.dim_param == old:
+            if dim.dim_param in old:
                 dim.dim_param = "batch"

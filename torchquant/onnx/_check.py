@@ -35,6 +35,9 @@ def _int8_weight(args: dict) -> Optional[str]:
 def _linear(args: dict) -> Optional[str]:
     if args.get("out_dtype") not in (torch.uint8, torch.int8, torch.float32):
         return f"out_dtype {args.get('out_dtype')}"
+    if args.get("out_dtype") == torch.float32 and args.get("post_op", "none") not in (
+            "none", "relu"):
+        return f"a float output with post_op {args['post_op']!r} (supported: none, relu)"
     return _post_op(args) or _int8_weight(args)
 
 
