@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import zipfile
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -109,6 +110,70 @@ def test_package_in_a_fresh_process_gives_python_outputs(case, tmp_path):
 
     from torchquant.ops.inductor import exact_decompositions
     assert not set(exact_decompositions.decompositions_by_op()) & set(decompositions)
+
+
+_CPP_RUNNER = r"""
+#include <torch/torch.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <fstream>
+#include <iostream>
+// argv: package, output file, batch; the input is linspace(-2, 2) of shape [batch, 3, 16, 16]
+int main(int argc, char** argv) {
+  c10::InferenceMode mode;
+  torch::inductor::AOTIModelPackageLoader loader(argv[1]);
+  int64_t batch = std::stoll(argv[3]);
+  auto x = torch::linspace(-2, 2, batch * 3 * 16 * 16).reshape({batch, 3, 16, 16});
+  auto out = loader.run({x})[0].contiguous();
+  std::ofstream f(argv[2], std::ios::binary);
+  f.write(reinterpret_cast<const char*>(out.data_ptr<float>()), out.numel() * sizeof(float));
+  std::cout << "ok" << std::endl;
+}
+"""
+
+
+class _SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        import torchquant.quantization as tq
+        self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
+        self.conv, self.relu = nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()
+        self.pool, self.fc = nn.MaxPool2d(2), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.relu(self.conv(self.quant(x))))
+        return self.dequant(self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1)))
+
+
+def test_cpp_runner_loads_a_package(tmp_path):
+    """AOTInductor's C++ loader (no Python at all) runs a package of an eager-converted CNN
+    at a batch size other than the example's, and gets the Python model's outputs."""
+    import shutil
+    from torch.utils import cpp_extension
+    if shutil.which("g++") is None:
+        pytest.skip("no C++ compiler to build the AOTInductor runner with")
+    import torchquant.quantization as tq
+    model = tq.fuse_modules(_SmallCNN().eval(), [["conv", "relu"]])
+    model.qconfig = tq.get_default_qconfig("x86")
+    tq.prepare(model, inplace=True)
+    with torch.no_grad():
+        model(torch.randn(4, 3, 16, 16))
+    tq.convert(model, inplace=True)
+    package = torchquant.export_package(model, (torch.randn(2, 3, 16, 16),), tmp_path / "m.pt2")
+    (tmp_path / "runner.cpp").write_text(_CPP_RUNNER)
+    lib = str(Path(torch.__file__).parent / "lib")
+    flags = [f"-I{d}" for d in cpp_extension.include_paths()]
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    subprocess.run(["g++", "-std=c++17", "-O1", "-w", str(tmp_path / "runner.cpp"), "-o",
+                    str(tmp_path / "runner"), *flags, abi, f"-L{lib}", f"-Wl,-rpath,{lib}",
+                    "-ltorch", "-ltorch_cpu", "-lc10"], check=True, capture_output=True,
+                   timeout=300)
+    done = subprocess.run([str(tmp_path / "runner"), str(package), str(tmp_path / "y.bin"), "3"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+    got = torch.frombuffer(bytearray((tmp_path / "y.bin").read_bytes()), dtype=torch.float32)
+    x = torch.linspace(-2, 2, 3 * 3 * 16 * 16).reshape(3, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(got.reshape(3, 4), model(x))
 
 
 def test_load_rejects_what_it_did_not_write(tmp_path):
