@@ -40,7 +40,6 @@ from typing import Any, Sequence, Union
 import torch
 
 from ._files import atomic_write
-from .kernels import linear as _klinear
 from .ops.inductor import exact_decompositions
 
 __all__ = ["export_package", "load", "PackageError"]
@@ -123,7 +122,7 @@ def _check_no_torchquant(sources: dict[str, str], ep: torch.export.ExportedProgr
         shown = ", ".join(nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
         parts.append(f"torchquant::{op}" + (f" at {shown}" if shown else ""))
     hint = ""
-    if not _klinear.onednn_u8s8_exact() and any(op.startswith(("conv", "linear"))
+    if not exact_decompositions.onednn_int8_exact() and any(op.startswith(("conv", "linear"))
                                                 for op in surviving):
         hint = (" (oneDNN's u8 x s8 int8 is not exact on this CPU, so int8 convs / Linears are "
                 "not turned into oneDNN calls: build the package on a CPU with AVX-512 VNNI or "
@@ -215,7 +214,7 @@ def load(path: Union[str, os.PathLike]) -> Any:
     info = _package_info(path)
     if info.get("writer") != "torchquant" or info.get("format") != _FORMAT:
         raise ValueError(f"{path!r}: unknown torchquant package format {info.get('format')!r}")
-    if info.get("onednn_int8") and not _klinear.onednn_u8s8_exact():
+    if info.get("onednn_int8") and not exact_decompositions.onednn_int8_exact():
         import warnings
         warnings.warn(f"{path!r} runs oneDNN int8 kernels, which saturate on this CPU (no "
                       "AVX-512 VNNI / AMX): its outputs can differ from the Python model's",

@@ -48,7 +48,8 @@ from ...kernels.reference import add_formula
 from .._library import traced
 from . import fusion
 
-__all__ = ["register", "decompositions_by_op", "packaging", "is_packaging"]
+__all__ = ["register", "decompositions_by_op", "packaging", "is_packaging",
+           "onednn_int8_exact"]
 
 _UINT8_SHIFT = 128  # uint8 codes - 128 are int8, which torch._int_mm multiplies
 
@@ -82,6 +83,12 @@ def packaging(graph: torch.fx.Graph) -> Iterator[None]:
 
 def is_packaging() -> bool:
     return _packaging_depth[0] > 0
+
+
+def onednn_int8_exact() -> bool:
+    """Whether oneDNN's u8 x s8 products are exact on this CPU (VNNI / AMX): where they are
+    not, the int8 conv / Linear rewrites do not apply (the package check says so)."""
+    return _klinear.onednn_u8s8_exact()
 
 
 def _int_mm_exact() -> bool:
