@@ -25,7 +25,7 @@ import torch
 import torch._inductor.config as _inductor_config
 from torch.fx import GraphModule
 
-from .kernels import linear as _klinear
+from .ops import linear as _ops_linear
 from .quantization.pt2e.lowering import lower_pt2e
 
 __all__ = ["compile"]
@@ -124,4 +124,4 @@ def _inductor_fuses(compile_kwargs: dict) -> bool:
         return False
     if (compile_kwargs.get("options") or {}).get("freezing") is False:
         return False
-    return _klinear.onednn_u8s8_exact()
+    return _ops_linear.onednn_u8s8_exact()

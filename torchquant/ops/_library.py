@@ -12,7 +12,15 @@ from typing import Any, Callable, Optional
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["NAMESPACE", "traced", "PackCache", "weight_qparams"]
+from ..kernels import registry as _registry
+
+__all__ = ["NAMESPACE", "traced", "PackCache", "weight_qparams", "kernel_mode"]
+
+
+def kernel_mode() -> str:
+    """The kernel registry's mode (``TORCHQUANT_KERNELS``): part of the key of every call
+    that a module keeps bound (a forced mode must not reuse another mode's kernel)."""
+    return _registry._MODE
 
 NAMESPACE = "torchquant"
 

@@ -21,7 +21,13 @@ from ..kernels.linear import (DEFAULT_NEGATIVE_SLOPE, POST_OPS, PackedLinearWeig
 from ._library import PackCache, traced, weight_qparams
 
 __all__ = ["linear", "linear_dynamic", "linear_per_token_dynamic", "pack_linear",
-           "pack_linear_weight", "PackedLinearWeight", "POST_OPS"]
+           "pack_linear_weight", "PackedLinearWeight", "POST_OPS", "onednn_u8s8_exact"]
+
+
+def onednn_u8s8_exact() -> bool:
+    """Whether oneDNN's uint8 x int8 products are exact on this CPU (VNNI / AMX; not AVX2,
+    whose kernels saturate pairs): decides which compiled lowering a model takes."""
+    return _k.onednn_u8s8_exact()
 
 
 def pack_linear(weight: torch.Tensor, weight_scale: torch.Tensor,

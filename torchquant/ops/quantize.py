@@ -77,6 +77,26 @@ def quantize_8bit_fma_eager(x: torch.Tensor, inv: torch.Tensor, zp: torch.Tensor
     return y.clamp_(qmin, qmax).to(storage_dtype)
 
 
+def quantize_per_tensor_eager(x: torch.Tensor, inv: torch.Tensor, zp: torch.Tensor,
+                              zero_point: int, qdtype: _dt.QDType, mode: str) -> torch.Tensor:
+    """The integer codes of ``x`` quantized per tensor, from the operands
+    :func:`torchquant.affine.quantize_operands` makes (kept by the caller per qparams): the
+    registry's quantize kernel, or :func:`quantize_8bit_fma_eager` where that kernel is the
+    reference formula in FMA mode on 8-bit storage.  Plain eager only (no tracing, no
+    validation): the converted QuantStub's per-call path."""
+    fn = kernels.get("quantize", x, mode=mode, per_channel=False)
+    if fn is affine.quantize_formula and mode == affine.FMA and qdtype.bits == 8:
+        return quantize_8bit_fma_eager(x, inv, zp, zero_point, qdtype.qmin, qdtype.qmax,
+                                       qdtype.storage_dtype)
+    return fn(x, inv, zp, qdtype.qmin, qdtype.qmax, qdtype.storage_dtype, mode)
+
+
+def note_model_call() -> None:
+    """A converted model's forward began (the amortised compiled kernels count model calls
+    to tell a hot shape from a layer-repeated one; :mod:`torchquant.kernels.cpu_compiled`)."""
+    kernels.cpu_compiled.note_model_call()
+
+
 _DEQUANTIZE_OPERANDS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 

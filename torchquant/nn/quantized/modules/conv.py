@@ -19,7 +19,7 @@ from torch import nn
 
 from .... import dtypes as _dt
 from ....ops import conv as ops_conv
-from ....kernels import registry as _kernel_registry
+from ....ops._library import kernel_mode
 from ....qtensor import QTensor, new_qtensor
 from ....tensor_functions import quantize_per_channel, quantize_per_tensor
 from ...intrinsic.modules import fused as _fused
@@ -268,7 +268,7 @@ class _ConvNd(OutputQParams, nn.Module):
             ints = input.int_data
             if type(ints) is torch.Tensor and input.qdtype is _dt.quint8 and input.axis is None:
                 key = (ints.shape, ints.stride(), ints.device, input.__dict__.get("_numbers"),
-                       *self._output_qparams(), _kernel_registry._MODE)
+                       *self._output_qparams(), kernel_mode())
                 hit = self._packed_params.eager_calls.get(key)
                 if hit is not None:
                     return new_qtensor(hit[0](ints, None), hit[1], hit[2], _dt.quint8, None,

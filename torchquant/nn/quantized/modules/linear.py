@@ -14,7 +14,7 @@ import torch
 
 from .... import dtypes as _dt
 from ....ops import linear as ops_linear
-from ....kernels import registry as _kernel_registry
+from ....ops._library import kernel_mode
 from ....qtensor import QTensor, new_qtensor
 from ...._validation import require_quantized
 from ...intrinsic.modules import fused as _fused
@@ -163,7 +163,7 @@ class Linear(OutputQParams, torch.nn.Module):
             if type(ints) is torch.Tensor and x.axis is None and x.qdtype.bits == 8:
                 packed = self._packed_params.packed
                 key = (ints.shape, ints.dtype, ints.device, x.__dict__.get("_numbers"),
-                       *self._output_qparams(), *self._post_op_args(), _kernel_registry._MODE)
+                       *self._output_qparams(), *self._post_op_args(), kernel_mode())
                 calls = getattr(packed, "eager_calls", None)  # (float16 weights: a tuple)
                 hit = None if calls is None else calls.get(key)
                 if hit is not None:

@@ -6,8 +6,7 @@ from typing import Any, Optional
 import torch
 
 from .... import dtypes as _dt
-from ....kernels import cpu_compiled as _cpu_compiled
-from .... import affine, kernels
+from .... import affine
 from ....ops import quantize as ops_quantize
 from ....qtensor import QTensor, new_qtensor, shared_qparams
 from ....tensor_functions import dequantize, quantize_per_tensor
@@ -54,7 +53,7 @@ class Quantize(OutputQParams, torch.nn.Module):
             raise RuntimeError(f"Quantize only works on Float Tensor, got "
                                f"{_torch_type_name(X.dtype)}")
         if not torch.compiler.is_compiling():
-            _cpu_compiled.note_model_call()  # (a layer-repeated shape is not yet "hot")
+            ops_quantize.note_model_call()  # (a layer-repeated shape is not yet "hot")
             if (type(X) is torch.Tensor and X.dtype is torch.float32 and not X.requires_grad
                     and self.dtype.bits >= 8):
                 # Plain eager, float32 in: the quantize kernel on operands made once per
@@ -65,14 +64,8 @@ class Quantize(OutputQParams, torch.nn.Module):
                 if operands is None:
                     operands = self._quantize_operands(qparams, X.device)
                 inv, zp_f32, mode, qdtype, scale_t, zp_t = operands
-                fn = kernels.get("quantize", X, mode=mode, per_channel=False)
-                if fn is affine.quantize_formula and mode == affine.FMA and qdtype.bits == 8:
-                    values = ops_quantize.quantize_8bit_fma_eager(
-                        X, inv, zp_f32, qparams[1], qdtype.qmin, qdtype.qmax,
-                        qdtype.storage_dtype)
-                else:
-                    values = fn(X, inv, zp_f32, qdtype.qmin, qdtype.qmax, qdtype.storage_dtype,
-                                mode)
+                values = ops_quantize.quantize_per_tensor_eager(X, inv, zp_f32, qparams[1],
+                                                                qdtype, mode)
                 return new_qtensor(values, scale_t, zp_t, qdtype, None, qparams)
         scale, zero_point = self._output_qparams()
         return quantize_per_tensor(X, scale, zero_point, self.dtype)
