@@ -60,7 +60,9 @@ def _none(args: dict) -> Optional[str]:
 
 # op name -> check of its bound arguments (None: fine; else what is not supported)
 CHECKS: dict[str, Callable[[dict], Optional[str]]] = {
-    "quantize_per_tensor": _qdtype,
+    "quantize_per_tensor": lambda a: _qdtype(a) or (
+        None if a.get("rounding") in (None, "decomposed")
+        else f"rounding {a['rounding']!r} (supported: None, 'decomposed')"),
     "dequantize_per_tensor": _none,
     "quantize_per_channel": _qdtype,
     "dequantize_per_channel": _none,

@@ -1,13 +1,17 @@
 """ONNX translations of ``torch.ops.torchquant.*`` (onnxscript, traced by the torch exporter).
 
 onnxscript is optional: without it this module still imports (``op`` / ``ir`` are None) and
-:func:`torchquant.onnx.export` says what to install before anything here runs.  Each function takes an op's arguments (ONNX values for tensors, Python values for
-the rest) and emits ONNX ops:
+:func:`torchquant.onnx.export` says what to install before anything here runs.  Each function
+takes an op's arguments (ONNX values for tensors, Python values for the rest) and emits ONNX
+ops:
 
 * q / dq ops become QuantizeLinear / DequantizeLinear (per-channel ``axis`` for weights);
 * the fused static ops (conv, linear, add, cat) become the QDQ pattern ONNX Runtime fuses into
   its integer kernels: DequantizeLinear of the codes and of the int8 weight initializer (and an
-  int32 bias quantized with ``x_scale * w_scale``), the float op, QuantizeLinear of the output;
+  int32 bias quantized with ``x_scale * w_scale``), the float op, QuantizeLinear of the output
+  (a conv with an ``add`` epilogue, as PT2E's residual blocks lower to, has the float Add
+  between Conv and QuantizeLinear, which ORT runs as a float conv: fusing it would need an
+  intermediate quantization torchquant does not do);
 * ops that only move or clamp codes (max pool, clamp) run on the uint8 codes themselves;
 * dynamic Linear (and the LSTM's projections) becomes ONNX Runtime's dynamic form
   (QuantizeLinear with qparams computed by torch's rule in plain ops, MatMulInteger, a float
@@ -31,8 +35,6 @@ except ImportError:  # the optional ``onnx`` extra is absent; export() raises fi
 
 from .. import affine
 from .. import dtypes as _dt
-
-OPSET = 18
 
 _NP_TYPES = {"quint8": np.uint8, "qint8": np.int8}
 
@@ -107,7 +109,11 @@ def _requantize(y: ir.Value, post_op: str, out_scale: float, out_zero_point: int
 
 # ---- quantize / dequantize ------------------------------------------------------------------
 
-def quantize_per_tensor(x, scale: float, zero_point: int, qdtype: str):
+def quantize_per_tensor(x, scale: float, zero_point: int, qdtype: str,
+                        rounding: Optional[str] = None):
+    """QuantizeLinear (``round(x / scale) + zero_point``, half to even, saturated): torchao's
+    decomposed rounding (``rounding="decomposed"``) up to the float32 rounding of the quotient,
+    torch's fused multiply-add form up to ties."""
     return op.QuantizeLinear(_to_float(x), _f32(scale),
                              _const(zero_point, _NP_TYPES[qdtype]))
 
