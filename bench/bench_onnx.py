@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import sys
 import tempfile
@@ -274,8 +275,11 @@ def main(argv: Optional[list[str]] = None) -> None:
                  "minilm": minilm, "lstm": lstm}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only.split(","):
-            print(f"\n## {name}")
+            # a shared machine's other jobs slow torch's spinning OpenMP threads far more than
+            # ORT's non-spinning pool: the load says how far to trust a ratio
+            print(f"\n## {name} (load average {os.getloadavg()[0]:.2f})")
             workloads[name.strip()](args.quick, timing, tmp)
+            print(f"\n(load average after {name}: {os.getloadavg()[0]:.2f})")
 
 
 if __name__ == "__main__":
