@@ -358,3 +358,27 @@ def test_affine_imports_only_dtypes():
         elif isinstance(node, ast.Import):
             imported.update(a.name for a in node.names if a.name.startswith("torchquant"))
     assert imported <= {"dtypes"}, imported
+
+
+def test_decomposed_rounding_is_torchaos_pt2e_quantize():
+    """``rounding="decomposed"`` is the rounding of the quantize op torchao's PT2E graphs hold
+    (torch's ``quantized_decomposed.quantize_per_tensor``, the oracle here): the product is
+    rounded before the zero point is added, so ties of the product round half to even on their
+    own (torch's ``quantize_per_tensor`` adds the zero point first, in one fused multiply-add,
+    and differs there); NaN gives 0.  Tie-heavy inputs: exact means of codes."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers the oracle op)
+    scale = 0.021436095237731934
+    x = (torch.arange(-4096, 4096) / 16.0) * scale
+    x = torch.cat([x, torch.randn(4096) * 3, torch.tensor([float("nan"), float("inf"),
+                                                           float("-inf"), 1e9, -1e9])])
+    for zero_point, qdtype, qmin, qmax, dtype in ((140, "quint8", 0, 255, torch.uint8),
+                                                  (-5, "qint8", -128, 127, torch.int8)):
+        ours = torch.ops.torchquant.quantize_per_tensor(x, scale, zero_point, qdtype,
+                                                        "decomposed")
+        theirs = torch.ops.quantized_decomposed.quantize_per_tensor(x, scale, zero_point, qmin,
+                                                                    qmax, dtype)
+        assert torch.equal(ours, theirs)
+        eager = torch.ops.torchquant.quantize_per_tensor(x, scale, zero_point, qdtype)
+        assert not torch.equal(eager, theirs)  # the two roundings do differ on these inputs
+    with pytest.raises(ValueError, match="rounding"):
+        torch.ops.torchquant.quantize_per_tensor(x, scale, 0, "quint8", "half_up")

@@ -28,7 +28,7 @@ from ._library import traced
 __all__ = ["quantize_int", "dequantize_int", "quantize_per_tensor_int", "dequantize_per_tensor_int",
            "quantize_finite_per_tensor", "quantize_with_multiplier",
            "quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel",
-           "dequantize_per_channel"]
+           "dequantize_per_channel", "DECOMPOSED"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -117,12 +117,30 @@ def dequantize_8bit_eager(q: torch.Tensor, scale: float, zero_point: int) -> tor
     return torch.sub(q, operands[0]).mul_(operands[1])
 
 
+# The rounding of torchao's PT2E quantize (``quantized_decomposed.quantize_per_tensor``):
+# ``round(float32(x * inv)) + zero_point``, rounded before the zero point is added (torch's own
+# ``quantize_per_tensor`` adds it first, in one fused multiply-add: the two differ where
+# ``x * inv`` lies within float32 rounding of a .5 tie, which an average pool's exact means make
+# common); NaN gives the code 0 (NaN cast to the integer type), infinities the range ends.
+DECOMPOSED = "decomposed"
+
+
 def quantize_per_tensor_int(x: torch.Tensor, scale: float, zero_point: int,
-                            qdtype: _dt.QDType) -> torch.Tensor:
-    """:func:`torchquant.affine.quantize_per_tensor_int` on the fastest kernel that applies."""
-    return quantize_int(x, *affine.per_tensor_qparams(scale, zero_point, x.device), qdtype.qmin,
-                        qdtype.qmax, qdtype.storage_dtype, None,
-                        affine.quantize_mode(qdtype, per_channel=False))
+                            qdtype: _dt.QDType, rounding: Optional[str] = None) -> torch.Tensor:
+    """:func:`torchquant.affine.quantize_per_tensor_int` on the fastest kernel that applies;
+    ``rounding=DECOMPOSED`` rounds as torchao's PT2E quantize does (see :data:`DECOMPOSED`),
+    ``None`` as torch's ``quantize_per_tensor``."""
+    if rounding is not None and rounding != DECOMPOSED:
+        raise ValueError(f"quantize_per_tensor: rounding must be None or {DECOMPOSED!r}, got "
+                         f"{rounding!r}")
+    mode = affine.ROUND_ADD if rounding == DECOMPOSED else affine.quantize_mode(
+        qdtype, per_channel=False)
+    codes = quantize_int(x, *affine.per_tensor_qparams(scale, zero_point, x.device),
+                         qdtype.qmin, qdtype.qmax, qdtype.storage_dtype, None, mode)
+    nan = affine.nan_code(qdtype.qmin, qdtype.qmax, qdtype.storage_dtype, mode)
+    if rounding == DECOMPOSED and nan != 0 and x.is_floating_point():
+        codes = codes.masked_fill(torch.isnan(x), 0)
+    return codes
 
 
 def dequantize_per_tensor_int(q: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
@@ -161,21 +179,25 @@ def _byte_qdtype(name: str) -> _dt.QDType:
 
 @torch.library.custom_op("torchquant::quantize_per_tensor", mutates_args=())
 def _quantize_per_tensor_op(x: torch.Tensor, scale: float, zero_point: int,
-                            qdtype: str) -> torch.Tensor:
-    return quantize_per_tensor_int(x, scale, zero_point, _byte_qdtype(qdtype))
+                            qdtype: str, rounding: Optional[str] = None) -> torch.Tensor:
+    return quantize_per_tensor_int(x, scale, zero_point, _byte_qdtype(qdtype), rounding)
 
 
 @_quantize_per_tensor_op.register_fake
-def _(x, scale, zero_point, qdtype):
+def _(x, scale, zero_point, qdtype, rounding=None):
     return torch.empty_like(x, dtype=_byte_qdtype(qdtype).storage_dtype)
 
 
 def quantize_per_tensor(x: torch.Tensor, scale: float, zero_point: int,
-                        qdtype: _dt.QDType) -> torch.Tensor:
-    """The integers of ``x`` quantized with one (scale, zero_point) (validated by the caller)."""
+                        qdtype: _dt.QDType, rounding: Optional[str] = None) -> torch.Tensor:
+    """The integers of ``x`` quantized with one (scale, zero_point) (validated by the caller);
+    ``rounding``: see :func:`quantize_per_tensor_int`."""
     if traced(x):
-        return torch.ops.torchquant.quantize_per_tensor(x, scale, zero_point, qdtype.name)
-    return quantize_per_tensor_int(x, scale, zero_point, qdtype)
+        if rounding is None:
+            return torch.ops.torchquant.quantize_per_tensor(x, scale, zero_point, qdtype.name)
+        return torch.ops.torchquant.quantize_per_tensor(x, scale, zero_point, qdtype.name,
+                                                        rounding)
+    return quantize_per_tensor_int(x, scale, zero_point, qdtype, rounding)
 
 
 @torch.library.custom_op("torchquant::dequantize_per_tensor", mutates_args=())

@@ -33,3 +33,24 @@ def test_quantize_dequantize_lowered_bit_exact_and_without_python_ops():
         assert e.dtype == g.dtype
         assert torch.equal(e, g) or torch.equal(torch.nan_to_num(e), torch.nan_to_num(g))
     assert "torch.ops.torchquant" not in "".join(code)
+
+
+def _decomposed_chain(x):
+    return (tq.quantize_per_tensor(x, 0.021436095237731934, 140, "quint8", "decomposed"),
+            tq.quantize_per_tensor(x, 0.0371, -5, "qint8", "decomposed"))
+
+
+def test_decomposed_rounding_lowered_bit_exact():
+    """PT2E graphs quantize with torchao's rounding (round the product, then add the zero
+    point; NaN to 0); inductor's lowering of it gives the eager op's integers."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 17, 5) * 3
+    # exact means of codes (an average pool's outputs) sit on .5 ties, and NaN / infinities
+    x.view(-1)[:64] = (torch.arange(64) / 16.0 - 2) * 0.021436095237731934
+    x.view(-1)[64:67] = torch.tensor([float("nan"), float("inf"), float("-inf")])
+    expected = _decomposed_chain(x)
+    torch._dynamo.reset()
+    got, code = run_and_get_code(torch.compile(_decomposed_chain, fullgraph=True), x)
+    for e, g in zip(expected, got):
+        assert torch.equal(e, g)
+    assert "torch.ops.torchquant" not in "".join(code)

@@ -16,6 +16,7 @@ import torch
 
 from ... import affine
 from ... import dtypes as _dt
+from ..quantize import DECOMPOSED
 from ..quantize_dynamic import quantize_dynamic_per_tensor_decomposed
 
 __all__ = ["register"]
@@ -33,12 +34,18 @@ def _pointwise(like: Any, dtype: torch.dtype, inner: Callable) -> Any:
 
 
 def _quantize_8bit_values(value: Any, inv: float, zero_point: int, qmin: int, qmax: int,
-                          storage_dtype: torch.dtype) -> Any:
-    """``quantize_formula`` (FMA) on one float32 value in inductor's ``ops``."""
+                          storage_dtype: torch.dtype, decomposed: bool = False) -> Any:
+    """``quantize_formula`` on one float32 value in inductor's ``ops``: FMA, or with
+    ``decomposed`` torchao's rounding (:data:`torchquant.ops.quantize.DECOMPOSED`: round the
+    product, then add the zero point; NaN to 0)."""
     from torch._inductor.virtualized import ops
     zp = _constant(float(zero_point), torch.float32)
-    y = ops.round(ops.fma(value, _constant(inv, torch.float32), zp))
-    nan = affine.nan_code(qmin, qmax, storage_dtype, affine.FMA)
+    if decomposed:
+        y = ops.add(ops.round(ops.mul(value, _constant(inv, torch.float32))), zp)
+        nan = 0
+    else:
+        y = ops.round(ops.fma(value, _constant(inv, torch.float32), zp))
+        nan = affine.nan_code(qmin, qmax, storage_dtype, affine.FMA)
     y = ops.where(ops.eq(y, y), y, _constant(float(nan), torch.float32))
     y = ops.minimum(ops.maximum(y, _constant(float(qmin), torch.float32)),
                     _constant(float(qmax), torch.float32))
@@ -51,16 +58,19 @@ def _fallback(op: Any, *args: Any) -> Any:
     return fallback_handler(op, add_to_fallback_set=False)(*args)
 
 
-def _quantize_per_tensor(x: Any, scale: float, zero_point: int, qdtype: str) -> Any:
+def _quantize_per_tensor(x: Any, scale: float, zero_point: int, qdtype: str,
+                         rounding: Any = None) -> Any:
     q = _dt.qdtype_of(qdtype)
+    decomposed = rounding == DECOMPOSED
     if (x.get_dtype() != torch.float32 or q.is_sub_byte or q.bits != 8
+            or (rounding is not None and not decomposed)
             or affine.quantize_mode(q, per_channel=False) != affine.FMA):
         return _fallback(torch.ops.torchquant.quantize_per_tensor.default, x, scale, zero_point,
-                         qdtype)
+                         qdtype, rounding)
     inv = affine._f32(1.0 / affine._f32(scale))
     load = x.make_loader()
     return _pointwise(x, q.storage_dtype, lambda idx: _quantize_8bit_values(
-        load(idx), inv, int(zero_point), q.qmin, q.qmax, q.storage_dtype))
+        load(idx), inv, int(zero_point), q.qmin, q.qmax, q.storage_dtype, decomposed))
 
 
 def _dequantize_per_tensor(q: Any, scale: float, zero_point: int) -> Any:

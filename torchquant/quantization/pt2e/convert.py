@@ -26,6 +26,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
 from ... import dtypes as _dt
+from ...ops import quantize as ops_quantize
 from ..quantizer.quantizer import Q_ANNOTATION_KEY
 from ..quantizer.utils import is_valid_annotation
 from ._numeric_debugger import debug_handle_from_observer
@@ -152,7 +153,9 @@ class _Rewriter:
                                           (q, scale_node, zp_node, axis))
         else:
             s, zp = float(scale), int(zero_point)
-            q = self.graph.call_function(_tq.quantize_per_tensor.default, (x, s, zp, qdtype.name))
+            # torchao's rounding (round, then add the zero point), not torch's eager one
+            q = self.graph.call_function(_tq.quantize_per_tensor.default,
+                                         (x, s, zp, qdtype.name, ops_quantize.DECOMPOSED))
             q = self._narrow(q, qdtype, qmin, qmax)
             dq = self.graph.call_function(_tq.dequantize_per_tensor.default, (q, s, zp))
         self._finish(node, dq)

@@ -69,6 +69,12 @@ class _Codes:
         self.node, self.dtype, self.qmin, self.qmax = node, dtype, qmin, qmax
 
 
+def _qdtype_of_quantize(node: Node) -> _dt.QDType:
+    """The qdtype a quantize op names (per tensor: after scale / zero point, before the
+    optional rounding; per channel: after the axis)."""
+    return _dt.qdtype_of(node.args[3] if node.target == _Q_TENSOR else node.args[4])
+
+
 def _quantize_info(node: Node) -> Optional[tuple[Node, _dt.QDType, int, int]]:
     """For a quantize op, or the clamp narrowing its range: (the quantize op, its qdtype,
     qmin, qmax)."""
@@ -78,11 +84,11 @@ def _quantize_info(node: Node) -> Optional[tuple[Node, _dt.QDType, int, int]]:
         inner = node.args[0]
         if inner.op == "call_function" and inner.target in (_Q_TENSOR, _Q_CHANNEL) \
                 and len(inner.users) == 1 and len(node.args) == 3:
-            qdtype = _dt.qdtype_of(inner.args[-1])
+            qdtype = _qdtype_of_quantize(inner)
             return inner, qdtype, int(node.args[1]), int(node.args[2])
         return None
     if node.target in (_Q_TENSOR, _Q_CHANNEL):
-        qdtype = _dt.qdtype_of(node.args[-1])
+        qdtype = _qdtype_of_quantize(node)
         return node, qdtype, qdtype.qmin, qdtype.qmax
     return None
 
@@ -313,7 +319,7 @@ class _Rewriter:
     def quantize(self, node: Node) -> bool:
         if node.target not in (_Q_TENSOR, _Q_CHANNEL):
             return False
-        qdtype = _dt.qdtype_of(node.args[-1])
+        qdtype = _qdtype_of_quantize(node)
         if qdtype.storage_dtype != _CODES:
             return False
         last, qmin, qmax = _with_narrowing_clamp(node, qdtype)
