@@ -237,3 +237,27 @@ def test_dead_linear_tanh_is_skipped_where_torchao_raises():
     out, ref = converted(x), model(x)
     sqnr = 20 * torch.log10(ref.norm() / (ref - out).norm())
     assert sqnr > 20
+
+
+def test_conv_plus_a_number_quantizes():
+    """``conv(x) + 0.5`` is no conv-binary pattern (torchao 0.18's quantizer fails an assertion
+    on it): the conv and the scalar add are annotated on their own, and the converted model is
+    close to float."""
+    from torchquant.quantization.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    class ConvPlusHalf(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, x):
+            return F.leaky_relu(self.conv(x) + 0.5, 0.1)
+
+    torch.manual_seed(0)
+    model, x = ConvPlusHalf().eval(), torch.randn(2, 3, 8, 8)
+    gm = prepare_pt2e(torch.export.export(model, (x,)).module(), tq_x86.X86InductorQuantizer()
+                      .set_global(tq_x86.get_default_x86_inductor_quantization_config()))
+    gm(x)
+    out = convert_pt2e(gm)(x)
+    ref = model(x)
+    assert (20 * torch.log10(ref.norm() / (ref - out).norm())).item() > 25

@@ -401,7 +401,10 @@ class X86InductorQuantizer(Quantizer):
         self._annotate_conv2d(model, config, filter_fn)
 
     def _binary_post_op(self, producer: Node, binary: Node) -> Optional[Node]:
-        """The binary op's other operand when ``producer`` (used only there) is one operand."""
+        """The binary op's other operand when ``producer`` (used only there) is one operand and
+        the other is a tensor (a Python number, ``conv + 0.5``, is no conv-binary pattern:
+        torchao's quantizer fails an assertion there; the conv and the add are then annotated
+        on their own)."""
         if len(producer.users) != 1:
             return None
         mine, other = _binary_input_indices(producer, binary)
@@ -410,8 +413,7 @@ class X86InductorQuantizer(Quantizer):
         if binary.args[mine] != producer:
             raise ValueError(f"{producer} doesn't match input of binary node")
         extra = binary.args[other]
-        assert isinstance(extra, Node)
-        return extra
+        return extra if isinstance(extra, Node) else None
 
     def _annotate_qat_conv2d_bn_binary_unary(self, gm, config, filter_fn=None) -> None:
         for chain in _live_sequential_partitions(
