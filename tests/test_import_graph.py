@@ -302,3 +302,17 @@ def test_moved_names_keep_their_old_path(old, name, new):
     defined = getattr(importlib.import_module(new), name)
     assert getattr(importlib.import_module(old), name) is defined
     assert pickle.loads(f"c{old}\n{name}\n.".encode()) is defined
+
+
+def test_ops_is_the_only_door_to_kernels():
+    """Only ``torchquant.ops`` (and ``kernels`` itself) imports ``torchquant.kernels``: modules,
+    QTensor, the graph modes and the compile entry points reach kernels through the ops, which
+    own the plan and pack caches (DESIGN.md's layering, one layer per concern)."""
+    through_the_door = ("torchquant.ops", "torchquant.kernels")
+    offenders = sorted(
+        f"{module} imports {target}"
+        for module, targets in _graph().items()
+        if not module.startswith(through_the_door)
+        for target in targets
+        if target == "torchquant.kernels" or target.startswith("torchquant.kernels."))
+    assert not offenders, offenders
