@@ -382,3 +382,34 @@ def test_decomposed_rounding_is_torchaos_pt2e_quantize():
         assert not torch.equal(eager, theirs)  # the two roundings do differ on these inputs
     with pytest.raises(ValueError, match="rounding"):
         torch.ops.torchquant.quantize_per_tensor(x, scale, 0, "quint8", "half_up")
+
+
+@pytest.mark.parametrize("qdtype,qmin,qmax,dtype", [("quint8", 0, 255, torch.uint8),
+                                                     ("quint8", 0, 127, torch.uint8),
+                                                     ("qint8", -128, 127, torch.int8)])
+def test_dynamic_quantize_with_eps_is_torchaos_pt2e_rule(qdtype, qmin, qmax, dtype):
+    """With ``eps`` (what convert_pt2e emits) the dynamic quantize op is torchao's PT2E pair
+    ``choose_qparams.tensor`` + ``quantize_per_tensor.tensor`` (torch's quantized_decomposed
+    ops, the oracle), bit for bit: codes, float32-valued scale and zero point; eager and
+    inductor's decomposition alike.  (Without ``eps`` it stays torch's dynamic rule, whose scale
+    is a float64 quotient.)"""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers the oracle ops)
+    eps = torch.finfo(torch.float32).eps
+    gen = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(16, 64, generator=gen) * s + o
+              for s, o in ((1, 0), (3, 2), (0.01, 0), (5, -7), (1e-8, 0))] + [torch.zeros(4, 4)]
+    compiled = torch.compile(
+        lambda t: torch.ops.torchquant.quantize_dynamic_per_tensor(t, qdtype, False, qmin, qmax,
+                                                                   eps), fullgraph=True)
+    for x in inputs:
+        scale, zp = torch.ops.quantized_decomposed.choose_qparams.tensor(x, qmin, qmax, eps,
+                                                                         dtype)
+        codes = torch.ops.quantized_decomposed.quantize_per_tensor.tensor(x, scale, zp, qmin,
+                                                                          qmax, dtype)
+        for got in (torch.ops.torchquant.quantize_dynamic_per_tensor(x, qdtype, False, qmin,
+                                                                     qmax, eps), compiled(x)):
+            assert torch.equal(got[0], codes)
+            assert float(got[1]) == float(scale) and int(got[2]) == int(zp)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        torch.ops.torchquant.quantize_dynamic_per_tensor(torch.tensor([float("nan")]), qdtype,
+                                                         False, qmin, qmax, eps)

@@ -7,13 +7,16 @@
   the double ATen computes, the integers use its float32 rounding as ATen's kernels do.
   ``reduce_range`` chooses the qparams for half the range (0..127 for quint8) as fbgemm's
   dynamic Linear does, while the values are still clamped to the full range.
+  With ``eps`` (PT2E graphs) it is torchao's rule instead: the observer's float32 qparams
+  for [qmin, qmax] and the decomposed rounding, as ``quantized_decomposed.choose_qparams`` /
+  ``quantize_per_tensor.tensor`` compute them.
 * per token (:func:`quantize_dynamic_per_token`): one symmetric int8 scale per row (all dims
   but the last), torchao's per-token rule: ``scale = max(max|row| / 127, 1e-5)``, codes in
   -127..127, zero point 0.
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
@@ -54,21 +57,60 @@ def _quantize_dynamic_per_tensor(x: torch.Tensor, qdtype: _dt.QDType, reduce_ran
             torch.tensor(zero_point, dtype=torch.int64, device=x.device))
 
 
+def _observer_rule(x: torch.Tensor, qdtype: _dt.QDType, qmin: Optional[int],
+                   qmax: Optional[int], eps: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """torchao's PT2E dynamic quantization (``quantized_decomposed.choose_qparams.tensor`` then
+    ``quantize_per_tensor.tensor``), in tensor ops only (eager and inductor's decomposition
+    alike): the observer's affine rule in float32 -- ``scale = max((max(mx, 0) - min(mn, 0)) /
+    (qmax - qmin), eps)``, ``zero_point = clamp(qmin - round(min(mn, 0) / scale))`` -- and the
+    decomposed rounding (:data:`torchquant.ops.quantize.DECOMPOSED`) with ``1 / scale`` taken in
+    float64 as torchao's Python reciprocal is; codes clamped to [qmin, qmax]."""
+    qmin = qdtype.qmin if qmin is None else qmin
+    qmax = qdtype.qmax if qmax is None else qmax
+    x = x.to(torch.float32)
+    if x.numel() == 0:
+        mn = mx = x.new_zeros(())
+    else:
+        mn, mx = torch.aminmax(x)
+    min_neg, max_pos = torch.clamp(mn, max=0.0), torch.clamp(mx, min=0.0)
+    scale = torch.clamp((max_pos - min_neg) / float(qmax - qmin),
+                        min=torch.tensor(eps, dtype=torch.float32).item())
+    zero_point = torch.clamp(qmin - torch.round(min_neg / scale), qmin, qmax)
+    inv = torch.reciprocal(scale.to(torch.float64)).to(torch.float32)
+    codes = torch.clamp(torch.round(x * inv) + zero_point, qmin, qmax)
+    codes = torch.where(torch.isnan(codes), torch.zeros_like(codes), codes)
+    return (codes.to(torch.int32).to(qdtype.storage_dtype), scale.to(torch.float64),
+            zero_point.to(torch.int64))
+
+
 @torch.library.custom_op("torchquant::quantize_dynamic_per_tensor", mutates_args=())
-def _quantize_dynamic_per_tensor_op(x: torch.Tensor, qdtype: str, reduce_range: bool
+def _quantize_dynamic_per_tensor_op(x: torch.Tensor, qdtype: str, reduce_range: bool,
+                                    qmin: Optional[int] = None, qmax: Optional[int] = None,
+                                    eps: Optional[float] = None
                                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if eps is not None:
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("quantize_dynamic_per_tensor: input contains NaN or Inf")
+        return _observer_rule(x.detach(), _dynamic_qdtype(qdtype), qmin, qmax, eps)
     return _quantize_dynamic_per_tensor(x, _dynamic_qdtype(qdtype), reduce_range)
 
 
-def quantize_dynamic_per_tensor_decomposed(x: torch.Tensor, qdtype: str, reduce_range: bool
+def quantize_dynamic_per_tensor_decomposed(x: torch.Tensor, qdtype: str, reduce_range: bool,
+                                           qmin: Optional[int] = None,
+                                           qmax: Optional[int] = None,
+                                           eps: Optional[float] = None
                                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The op in tensor ops a compiler can fuse (inductor's decomposition of it): the same
     qparams (:func:`affine.choose_qparams_aten`, the tensor form of the scalar rule the op
-    uses) and codes (:func:`affine.quantize_formula` in FMA mode, the fma inductor's own).  No
-    NaN / Inf check: a compiled graph cannot raise on data, so non-finite input gives
-    meaningless codes there where the eager op raises."""
+    uses) and codes (:func:`affine.quantize_formula` in FMA mode, the fma inductor's own); with
+    ``eps`` torchao's rule (:func:`_observer_rule`).  No NaN / Inf check: a compiled graph
+    cannot raise on data, so non-finite input gives meaningless codes there where the eager op
+    raises."""
     from torch._inductor import inductor_prims
     q = _dynamic_qdtype(qdtype)
+    if eps is not None:
+        return _observer_rule(x, q, qmin, qmax, eps)
     x = x.to(torch.float32)
     if x.numel() == 0:
         mn = mx = x.new_zeros(())
@@ -84,7 +126,7 @@ def quantize_dynamic_per_tensor_decomposed(x: torch.Tensor, qdtype: str, reduce_
 
 
 @_quantize_dynamic_per_tensor_op.register_fake
-def _(x, qdtype, reduce_range):
+def _(x, qdtype, reduce_range, qmin=None, qmax=None, eps=None):
     storage = _dynamic_qdtype(qdtype).storage_dtype
     return (torch.empty_like(x, dtype=storage), x.new_empty((), dtype=torch.float64),
             x.new_empty((), dtype=torch.int64))

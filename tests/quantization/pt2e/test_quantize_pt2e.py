@@ -239,10 +239,9 @@ def test_x86_inductor_static(name):
 
 @pytest.mark.parametrize("per_channel", [False, True], ids=["per_tensor", "per_channel"])
 def test_xnnpack_dynamic_linear(per_channel):
-    """Dynamic activations: torchquant picks the qparams per call with torch's dynamic
-    quantization rule (ATen's ChooseQuantizationParams, double arithmetic), torchao with its
-    float32 ``choose_qparams``; the scales may differ in the last bits, so the outputs are
-    compared by SQNR (weights and their qparams are identical)."""
+    """Dynamic activations: the qparams are picked per call by torchao's rule (its float32
+    ``choose_qparams``, not torch's double-precision dynamic rule, whose scales differed in the
+    last bits): the outputs are torchao's, bit for bit."""
     model, inputs, theirs, ours = _run_flow(
         "mlp", ao_xnn.XNNPACKQuantizer().set_global(
             ao_xnn.get_symmetric_quantization_config(is_per_channel=per_channel,
@@ -253,7 +252,7 @@ def test_xnnpack_dynamic_linear(per_channel):
     assert _count(ours, "quantize_dynamic_per_tensor") == 4
     for batch in [inputs] + _calibration(inputs, 2):
         a, b = _outputs(theirs, batch)[0], _outputs(ours, batch)[0]
-        assert _sqnr(a, b) > 40
+        assert torch.equal(a, b)
         assert _sqnr(model(*batch), b) > 20
 
 
@@ -444,10 +443,7 @@ def test_x86_inductor_dynamic_and_reduce_range(config):
             tq_x86.get_default_x86_inductor_quantization_config(**config)))
     for batch in [inputs] + _calibration(inputs, 2):
         a, b = _outputs(theirs, batch)[0], _outputs(ours, batch)[0]
-        if config.get("is_dynamic"):  # qparams rule differs, see test_xnnpack_dynamic_linear
-            assert _sqnr(a, b) > 40
-        else:
-            assert torch.equal(a, b)
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("is_dynamic", [False, True], ids=["static", "dynamic"])

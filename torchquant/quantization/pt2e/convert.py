@@ -167,15 +167,15 @@ class _Rewriter:
         if qscheme not in _QSCHEME_NAMES_DYNAMIC_OK:
             raise ValueError(f"dynamic quantization is per tensor, got qscheme {qscheme}")
         qmin, qmax = _range(obs, qdtype)
-        # [TQ] one op picks the qparams (torch's dynamic-quantization rule) and quantizes
-        reduce_range = (qmin, qmax) == (qdtype.qmin // 2, qdtype.qmax // 2) and qmin != qmax
+        # [TQ] one op picks the qparams and quantizes, by torchao's rule (choose_qparams.tensor
+        # then quantize_per_tensor.tensor: the observer's float32 qparams for [qmin, qmax],
+        # the decomposed rounding)
+        eps = float(getattr(obs, "eps", torch.finfo(torch.float32).eps))
         chosen = self.graph.call_function(_tq.quantize_dynamic_per_tensor.default,
-                                          (x, qdtype.name, reduce_range))
+                                          (x, qdtype.name, False, qmin, qmax, eps))
         q = self.graph.call_function(operator.getitem, (chosen, 0))
         scale = self.graph.call_function(operator.getitem, (chosen, 1))
         zp = self.graph.call_function(operator.getitem, (chosen, 2))
-        if not reduce_range:
-            q = self._narrow(q, qdtype, qmin, qmax)
         aten = torch.ops.aten
         qf = self.graph.call_function(aten._to_copy.default, (q,), {"dtype": torch.float32})
         shifted = self.graph.call_function(aten.sub.Tensor, (qf, zp))
