@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/bench_onnx.py [--quick] [--only resnet,mobilenet,minilm,lstm]
 
-Two threads (torch and ORT's intra-op pool; ORT's pool does not spin between runs).  The header
+Two threads (torch and ORT's intra-op pool; ORT's pool does not spin between runs;
+``--threads 1`` for one, which a busy shared machine disturbs less).  The header
 names the CPU and its int8-relevant flags.  For each workload the same converted model runs in
 torchquant (eager, and ``torchquant.compile`` where it applies) and, exported with
 ``torchquant.onnx.export`` (QDQ; dynamic batch: one file serves every batch size), in ONNX
@@ -262,9 +263,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--quick", action="store_true", help="small inputs and budgets")
     parser.add_argument("--only", default="resnet,mobilenet,minilm,lstm",
                         help="comma-separated workloads (resnet, mobilenet, minilm, lstm)")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch's and ORT's intra-op threads (default 2)")
     args = parser.parse_args(argv)
     import onnxruntime
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     timing = {"budget_s": 0.5 if args.quick else 4.0, "block_s": 0.01 if args.quick else 0.05}
     print(f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, "
           f"{torch.get_num_threads()} threads, CPU {torch.backends.cpu.get_cpu_capability()}")
