@@ -330,15 +330,23 @@ def test_imports_without_onnx_and_says_how_to_install():
     assert "pip install 'torchquant[onnx]'" in out.stdout
 
 
-@pytest.mark.parametrize("reduce_range", [False, True])
-def test_dynamic_qparams_are_torchs(reduce_range, tmp_path):
-    """The exported quantize_dynamic_per_tensor picks torchquant's (ATen's) scale and zero
-    point on ordinary, one-sided, all-zero and tiny-range inputs (ATen's floor on the scale);
-    the codes may differ by one where a value sits on a tie (ONNX divides by the scale,
-    torchquant multiplies by its float32 reciprocal)."""
+_EPS = torch.finfo(torch.float32).eps
+
+
+@pytest.mark.parametrize("rule", ["aten", "aten-reduce-range", "torchao", "torchao-0-127"])
+def test_dynamic_qparams_are_torchquants(rule, tmp_path):
+    """The exported quantize_dynamic_per_tensor picks torchquant's scale and zero point --
+    ATen's rule (eager / FX dynamic modules; with and without reduce_range) and torchao's
+    observer rule (the ``qmin`` / ``qmax`` / ``eps`` form PT2E convert emits) -- on ordinary,
+    one-sided, all-zero and tiny-range inputs (each rule's floor on the scale); the codes may
+    differ by one where a value sits on a tie (ONNX divides by the scale, torchquant
+    multiplies by a float32 reciprocal)."""
+    extra = {"aten": (False,), "aten-reduce-range": (True,), "torchao": (False, 0, 255, _EPS),
+             "torchao-0-127": (False, 0, 127, _EPS)}[rule]
+
     class Quantize(nn.Module):
         def forward(self, x):
-            return torch.ops.torchquant.quantize_dynamic_per_tensor(x, "quint8", reduce_range)
+            return torch.ops.torchquant.quantize_dynamic_per_tensor(x, "quint8", *extra)
     model = Quantize()
     session = ort.InferenceSession(str(tq_onnx.export(model, (torch.randn(2, 64),),
                                                       tmp_path / "q.onnx")),

@@ -281,9 +281,36 @@ def _dynamic_quantize(x: ir.Value, qdtype: str, reduce_range: bool) -> tuple[ir.
     return op.QuantizeLinear(_to_float(x), scale32, zp), scale32, zp, scale64, zp64
 
 
-def quantize_dynamic_per_tensor(x, qdtype: str, reduce_range: bool):
+def quantize_dynamic_per_tensor(x, qdtype: str, reduce_range: bool,
+                                qmin: Optional[int] = None, qmax: Optional[int] = None,
+                                eps: Optional[float] = None):
+    if eps is not None:
+        return _observer_rule_quantize(x, qdtype, qmin, qmax, eps)
     codes, _, _, scale64, zp64 = _dynamic_quantize(x, qdtype, reduce_range)
     return codes, scale64, op.Cast(zp64, to=ir.DataType.INT64)
+
+
+def _observer_rule_quantize(x: ir.Value, qdtype: str, qmin: Optional[int],
+                            qmax: Optional[int], eps: float) -> tuple[ir.Value, ...]:
+    """The op's torchao form (what ``convert_pt2e`` emits, ``eps`` given): the observer's
+    float32 rule ``scale = max((max(mx, 0) - min(mn, 0)) / (qmax - qmin), eps)``,
+    ``zero_point = clamp(qmin - round(min(mn, 0) / scale))``, then QuantizeLinear (round, then
+    add the zero point, as torchao's decomposed quantize) clipped to [qmin, qmax]."""
+    q = _dt.qdtype_of(qdtype)
+    qmin = q.qmin if qmin is None else qmin
+    qmax = q.qmax if qmax is None else qmax
+    xf = _to_float(x)
+    mn = op.Min(op.ReduceMin(xf, keepdims=0), _f32(0.0))
+    mx = op.Max(op.ReduceMax(xf, keepdims=0), _f32(0.0))
+    scale = op.Max(op.Div(op.Sub(mx, mn), _f32(float(qmax - qmin))),
+                   _f32(float(np.float32(eps))))
+    zp = op.Clip(op.Sub(_f32(float(qmin)), op.Round(op.Div(mn, scale))),
+                 _f32(float(qmin)), _f32(float(qmax)))
+    codes = op.QuantizeLinear(xf, scale, op.Cast(zp, to=_onnx_type(qdtype)))
+    if (qmin, qmax) != (q.qmin, q.qmax):
+        codes = op.Clip(codes, _const(qmin, _NP_TYPES[qdtype]), _const(qmax, _NP_TYPES[qdtype]))
+    return (codes, op.Cast(scale, to=ir.DataType.DOUBLE),
+            op.Cast(zp, to=ir.DataType.INT64))
 
 
 def _dynamic_matmul(x: ir.Value, weight: ir.Value, weight_scale: ir.Value,
