@@ -24,7 +24,7 @@ from .backend_config import BackendConfig, get_native_backend_config
 from .backend_config.utils import get_module_to_qat_module
 from .fx.convert import (convert_to_reference, keep_quantized_outputs, lower_to_torchquant,
                          ORIGINAL_WEIGHTS_LOOKUP, drop_unread_float_weights,
-                         read_qparams_from_buffers,
+                         read_qparams_from_buffers, run_weight_observers,
                          mark_quantized_inputs, remove_qconfigs, rewire_standalone_module,
                          swap_custom_modules)
 from .fx.custom_config import ConvertCustomConfig, FuseCustomConfig, PrepareCustomConfig
@@ -285,6 +285,7 @@ def _convert(graph_module: GraphModule, convert_custom_config: Any, qconfig_mapp
         _set_module(gm, str(node.target),
                     _convert(child, None, None, child_backend, is_reference,
                              f"{what} (standalone module '{node.target}')"))
+    run_weight_observers(gm, backend)
     gm = convert_to_reference(gm, backend, state["_quantized_root_configs"],
                               remove_qconfig=is_reference,
                               node_name_to_scope=state.get("_node_name_to_scope"),

@@ -44,10 +44,20 @@ def _apply(op: str, x: torch.Tensor, module: nn.Module | None) -> torch.Tensor:
     }[op](x)
 
 
+class _FunctionalLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(_C, _C) * 0.3)
+
+    def forward(self, x):
+        return F.linear(x, self.weight)
+
+
 _MODULES = {"conv": lambda: nn.Conv2d(_C, _C, 3, padding=1), "bn": lambda: nn.BatchNorm2d(_C),
             "ReLU": nn.ReLU, "maxpool": lambda: nn.MaxPool2d(3, 1, 1),
             "avgpool": lambda: nn.AvgPool2d(3, 1, 1), "ChannelShuffle": lambda: nn.ChannelShuffle(2),
-            "layernorm": lambda: nn.LayerNorm(_C * 16), "linear": lambda: nn.Linear(_C * 16, _C * 16)}
+            "layernorm": lambda: nn.LayerNorm(_C * 16), "linear": lambda: nn.Linear(_C * 16, _C * 16),
+            "functional_linear": _FunctionalLinear}
 
 
 class _Sequence(nn.Module):
@@ -57,7 +67,7 @@ class _Sequence(nn.Module):
         self.pre = nn.Conv2d(3, _C, 3, padding=1)
         self.layers = nn.ModuleDict({str(i): _MODULES[op]() for i, op in enumerate(ops)
                                      if op in _MODULES})
-        self.head = nn.Linear(_C if "adaptive" in ops else _C * 16, 5)
+        self.head = nn.Linear(_C if {"adaptive", "functional_linear"} & set(ops) else _C * 16, 5)
 
     def forward(self, x):
         x = self.pre(x)
@@ -78,10 +88,9 @@ class _Sequence(nn.Module):
     ["add_relu_self", "hardsigmoid", "interpolate", "torch.relu", ".flatten"],
     ["mean_keep", "mul_scalar", "mean_keep", "tanh", "adaptive"],
     ["elu", "hardswish", "mul_self", "contiguous", "torch.flatten", "softmax"],
-    # torch.ao's prepare gives a shape op's output its own observer node (the same observer
-    # object) where the next op runs in float; torchquant's reads the shape op's input
-    # observer: the same qparams, but torch.ao's later buffers are numbered one higher
-    pytest.param(["elu", "mul_self", "reshape", "torch.relu"], id="keys-numbered-apart"),
+    # a reuse-input qconfig (torch.ao's for reshape): the output's observer node calls the
+    # input's observer (the state dict's buffers were numbered one apart)
+    ["elu", "mul_self", "reshape", "torch.relu"],
 ])
 def test_outputs_and_state_dict_keys_are_torch_aos(ops):
     torch.manual_seed(0)
@@ -100,7 +109,34 @@ def test_outputs_and_state_dict_keys_are_torch_aos(ops):
             outputs.append(converted(*x))
             keys.append(sorted(converted.state_dict()))
     torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)
-    if ops[-2:] != ["reshape", "torch.relu"]:
-        assert keys[0] == keys[1]
-    else:
-        assert len(keys[0]) == len(keys[1]) and keys[0] != keys[1]
+    assert keys[0] == keys[1]
+
+
+@pytest.mark.parametrize("ops", [
+    ["cat", "reshape"],                                # reuse-input observer shared in QAT
+    ["avgpool", "adaptive", "functional_linear"],  # weight observed again at convert
+    ["conv", "bn", "ReLU", ".flatten", "linear"],
+])
+def test_qat_then_convert_is_torch_aos(ops):
+    """QAT: three SGD steps through FX prepare_qat_fx, then convert, beside torch.ao: the
+    fake quants' moving averages see what torch.ao's see (a reuse-input op's output through the
+    input's fake quant; functional weights observed once more at convert), so the converted
+    outputs are torch.ao's bit for bit."""
+    from torchquant.quantization.qconfig_mapping import get_default_qat_qconfig_mapping
+    torch.manual_seed(0)
+    model = _Sequence(ops).train()
+    x = (torch.randn(2, 3, 4, 4),)
+    data = [torch.randn(4, 3, 4, 4) for _ in range(3)]
+    outputs = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for fx, mapping in ((quantize_fx, get_default_qat_qconfig_mapping("x86")),
+                            (ao_fx, ao.get_default_qat_qconfig_mapping("x86"))):
+            prepared = fx.prepare_qat_fx(copy.deepcopy(model), mapping, x)
+            optimizer = torch.optim.SGD(prepared.parameters(), lr=0.01)
+            for batch in data:
+                optimizer.zero_grad()
+                prepared(batch).sum().backward()
+                optimizer.step()
+            outputs.append(fx.convert_fx(prepared.eval())(*x))
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)

@@ -46,7 +46,7 @@ __all__ = ["quantize_per_tensor", "quantize_per_channel", "quantize_per_tensor_d
            "round_to_float16", "convert_to_reference", "lower_to_torchquant", "remove_qconfigs",
            "mark_quantized_inputs", "swap_custom_modules", "keep_quantized_outputs",
            "rewire_standalone_module", "activation_qparams", "ORIGINAL_WEIGHTS_LOOKUP",
-           "read_qparams_from_buffers", "drop_unread_float_weights",
+           "read_qparams_from_buffers", "drop_unread_float_weights", "run_weight_observers",
            "refresh_qparam_literals"]
 
 
@@ -227,6 +227,29 @@ def _reference_for(module: torch.nn.Module, qconfig: Any, root_to_ref: dict[type
         module[0] = ref
         return module
     return ref
+
+
+def run_weight_observers(gm: GraphModule, backend_config: BackendConfig) -> None:
+    """Observe each functional op's weight once more, as torch.ao's convert does before it
+    reads any qparams: for a QAT fake quant (moving averages) this moves the qparams to the
+    trained weight (the step a module's ``from_float`` takes with its own weight observer); for
+    PTQ observers it changes nothing (the same weight again)."""
+    configs = backend_config._pattern_complex_format_to_config
+    modules = dict(gm.named_modules(remove_duplicate=False))
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in configs:
+            continue
+        index = configs[node.target]._input_type_to_index.get("weight")
+        if index is None or index >= len(node.args):
+            continue
+        observer_node = node.args[index]
+        if not (isinstance(observer_node, Node) and observer_node.op == "call_module"
+                and _is_observer(modules.get(str(observer_node.target)))):
+            continue
+        weight = observer_node.args[0]
+        if isinstance(weight, Node) and weight.op == "get_attr":
+            with torch.no_grad():
+                modules[str(observer_node.target)](_attr_value(gm, weight))
 
 
 def remove_qconfigs(gm: GraphModule) -> None:

@@ -420,6 +420,7 @@ def insert_observers(gm: GraphModule, modules: dict[str, torch.nn.Module],
         if plan.last is node and _is_quantized_dtype(plan.dtype_config.output_dtype):
             activation = plan.qconfig.activation()
             if isinstance(activation, ReuseInputObserver):
+                _reuse_input_observer(gm, modules, plan.root, node)
                 continue
             obs_node = _insert_observer_after(gm, modules, node, activation)
             node.replace_all_uses_with(obs_node, delete_user_cb=lambda user: user is not obs_node)
@@ -472,6 +473,25 @@ def _insert_input_observers(gm: GraphModule, modules: dict[str, torch.nn.Module]
                          and _dtypes_equal(modules[str(u.target)].dtype, observer.dtype)), None)
         obs_node = existing or _insert_observer_after(gm, modules, arg, observer)
         node.replace_input_with(arg, obs_node)
+
+
+def _reuse_input_observer(gm: GraphModule, modules: dict[str, torch.nn.Module], root: Node,
+                          node: Node) -> None:
+    """A reuse-input qconfig (torch.ao's default for ``reshape`` and the like): the output gets
+    an observer node of its own that calls the input's observer instance, as torch.ao's prepare
+    makes it -- so a QAT fake quant sees the output too (its moving averages move once more per
+    forward) and the output is not observed again by a fresh instance; nothing when the input
+    is not observed."""
+    first = next((a for a in root.args if isinstance(a, Node)), None)
+    if first is None or not is_observer_node(first, modules):
+        return
+    shared = modules[str(first.target)]
+    name = _new_observer_name(gm)
+    setattr(gm, name, shared)
+    modules[name] = shared
+    with gm.graph.inserting_after(node):
+        obs_node = gm.graph.create_node("call_module", name, (node,), {})
+    node.replace_all_uses_with(obs_node, delete_user_cb=lambda user: user is not obs_node)
 
 
 def _share_input_observer(gm: GraphModule, modules: dict[str, torch.nn.Module], node: Node,
