@@ -280,3 +280,20 @@ def test_decompositions_add_clamp_pools(shape):
     assert torch.equal(D.max_pool2d(*pool), tq_ops.max_pool2d(*pool))
     assert torch.equal(D.adaptive_avg_pool2d(a, 77, "quint8", [1, 1]),
                        tq_ops.adaptive_avg_pool2d(a, 77, "quint8", [1, 1]))
+
+
+def test_packaging_entries_reach_the_table_inductor_reads_after_an_earlier_compile():
+    """Inductor reads a copy of its decomposition table that the process's first compile makes
+    and caches (``fast_random_decomps``): the package's entries must join that copy too, or any
+    compile before ``export_package`` (another model, another test) leaves every eager / FX
+    op opaque and the package is refused.  They leave both tables afterwards."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torchquant.ops.inductor import exact_decompositions as ed
+
+    torch.compile(lambda t: t * 2)(torch.randn(3))  # the first compile caches the copy
+    graph = torch.fx.Graph()
+    graph.output(graph.placeholder("x"))
+    add = torch.ops.torchquant.add.default
+    with ed.packaging(graph):
+        assert add in select_decomp_table()
+    assert add not in select_decomp_table()

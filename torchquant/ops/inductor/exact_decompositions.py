@@ -66,10 +66,11 @@ def packaging(graph: torch.fx.Graph) -> Iterator[None]:
     refuses an op that has a table entry and still falls back, so an op has an entry only
     where every call of it in ``graph`` is covered (and none outside a package compile:
     ``torch.compile`` runs the ops as they are)."""
-    from torch._inductor.decomposition import decompositions
     with _packaging_lock:
         if _packaging_depth[0] == 0:
-            decompositions.update(_table_entries(graph))
+            entries = _table_entries(graph)
+            for table in _inductor_tables():
+                table.update(entries)
         _packaging_depth[0] += 1
     try:
         yield
@@ -77,8 +78,17 @@ def packaging(graph: torch.fx.Graph) -> Iterator[None]:
         with _packaging_lock:
             _packaging_depth[0] -= 1
             if _packaging_depth[0] == 0:
-                for op in decompositions_by_op():
-                    decompositions.pop(op, None)
+                for table in _inductor_tables():
+                    for op in decompositions_by_op():
+                        table.pop(op, None)
+
+
+def _inductor_tables() -> tuple[dict, ...]:
+    """Inductor's decomposition table and the copy of it that it actually reads by default
+    (``fast_random_decomps``: made, and cached, by the process's first compile -- an entry
+    added to the table after that compile alone would never be seen)."""
+    from torch._inductor import decomposition
+    return decomposition.decompositions, decomposition.fast_random_decomps()
 
 
 def is_packaging() -> bool:
