@@ -39,6 +39,7 @@ ort = pytest.importorskip("onnxruntime")
 
 import torchquant.onnx as tq_onnx  # noqa: E402
 import torchquant.quantization as tq  # noqa: E402
+from shipping_models import MobileNetV2Shaped  # noqa: E402  (tests/, the package tests' models)
 from torchquant.examples import resnet  # noqa: E402
 from torchquant.quantization import quantize_fx  # noqa: E402
 from torchquant.quantization.quantize_pt2e import convert_pt2e, prepare_pt2e  # noqa: E402
@@ -60,46 +61,6 @@ MAX_STEPS = {("resnet", "fx"): 3, ("resnet", "eager"): 3}
 
 
 # ---- models -----------------------------------------------------------------------------------
-
-class _InvertedResidual(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
-        super().__init__()
-        hidden = cin * expand
-        layers: list[nn.Module] = []
-        if expand != 1:
-            layers += [nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6()]
-        layers += [nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
-                   nn.BatchNorm2d(hidden), nn.ReLU6(),
-                   nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout)]
-        self.conv = nn.Sequential(*layers)
-        self.residual = stride == 1 and cin == cout
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.conv(x) if self.residual else self.conv(x)
-
-
-class MobileNetV2Shaped(nn.Module):
-    """bench_peers' MobileNetV2 layout (ReLU6, depthwise convs, residual adds, Linear head),
-    fewer blocks and channels."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        settings = [(1, 8, 1, 1), (4, 16, 2, 2), (4, 24, 2, 2)]
-        cin = 8
-        layers: list[nn.Module] = [nn.Conv2d(3, cin, 3, 2, 1, bias=False), nn.BatchNorm2d(cin),
-                                   nn.ReLU6()]
-        for expand, cout, repeat, stride in settings:
-            for i in range(repeat):
-                layers.append(_InvertedResidual(cin, cout, stride if i == 0 else 1, expand))
-                cin = cout
-        layers += [nn.Conv2d(cin, 64, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU6()]
-        self.features = nn.Sequential(*layers)
-        self.classifier = nn.Linear(64, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = nn.functional.adaptive_avg_pool2d(self.features(x), 1)
-        return self.classifier(torch.flatten(x, 1))
-
 
 class _EncoderLayer(nn.Module):
     def __init__(self, d: int, heads: int, ff: int) -> None:
