@@ -23,7 +23,7 @@ from .summary import record as _record_coverage
 from .backend_config import BackendConfig, get_native_backend_config
 from .backend_config.utils import get_module_to_qat_module
 from .fx.convert import (convert_to_reference, keep_quantized_outputs, lower_to_torchquant,
-                         ORIGINAL_WEIGHTS_LOOKUP, drop_unread_float_weights,
+                         ORIGINAL_WEIGHTS_LOOKUP, drop_unread_attributes,
                          read_qparams_from_buffers, run_weight_observers,
                          mark_quantized_inputs, remove_qconfigs, rewire_standalone_module,
                          swap_custom_modules)
@@ -301,7 +301,7 @@ def _convert(graph_module: GraphModule, convert_custom_config: Any, qconfig_mapp
     keep_quantized_outputs(gm, state.get("_output_quantized_indexes", []))
     if not is_reference:
         read_qparams_from_buffers(gm)
-        drop_unread_float_weights(gm)
+        drop_unread_attributes(gm)
     _warn_float_nodes(graph_module, what)
     gm.meta.pop(_PREPARED_KEY, None)
     _copy_preserved(graph_module, gm, custom.preserved_attributes)

@@ -46,7 +46,7 @@ __all__ = ["quantize_per_tensor", "quantize_per_channel", "quantize_per_tensor_d
            "round_to_float16", "convert_to_reference", "lower_to_torchquant", "remove_qconfigs",
            "mark_quantized_inputs", "swap_custom_modules", "keep_quantized_outputs",
            "rewire_standalone_module", "activation_qparams", "ORIGINAL_WEIGHTS_LOOKUP",
-           "read_qparams_from_buffers", "drop_unread_float_weights", "run_weight_observers",
+           "read_qparams_from_buffers", "drop_unread_attributes", "run_weight_observers",
            "refresh_qparam_literals"]
 
 
@@ -99,13 +99,9 @@ def _new_attr_name(gm: GraphModule, prefix: str) -> str:
     return f"{prefix}{i}"
 
 
-_QPARAM_BUFFERS = "_torchquant_activation_qparam_buffers"
-
-
 def _get_attr_node(gm: GraphModule, prefix: str, value: torch.Tensor) -> Node:
     name = _new_attr_name(gm, prefix)
     gm.register_buffer(name, value)
-    gm.__dict__.setdefault(_QPARAM_BUFFERS, set()).add(name)
     return gm.graph.create_node("get_attr", name, (), {})
 
 
@@ -480,7 +476,6 @@ def read_qparams_from_buffers(gm: GraphModule) -> None:
     ``activation_qparams(<_scale_n buffer>, <_zero_point_n buffer>, ...)``."""
     literals = gm.__dict__.pop(_QPARAM_LITERALS, None)
     if not literals:
-        _drop_unread_qparam_buffers(gm)
         return
     graph = gm.graph
     for node in list(graph.nodes):
@@ -497,7 +492,6 @@ def read_qparams_from_buffers(gm: GraphModule) -> None:
             args[i] = graph.call_function(operator.getitem, (qparams, 0))
             args[i + 1] = graph.call_function(operator.getitem, (qparams, 1))
         node.args = tuple(args)
-    _drop_unread_qparam_buffers(gm)
     if _refresh_after_load not in gm._load_state_dict_post_hooks.values():
         gm.register_load_state_dict_post_hook(_refresh_after_load)
     graph.lint()
@@ -532,22 +526,12 @@ def _refresh_after_load(module: torch.nn.Module, incompatible_keys: Any) -> None
         refresh_qparam_literals(module)
 
 
-def _drop_unread_qparam_buffers(gm: GraphModule) -> None:
-    """Activation qparam buffers (``_scale_<n>`` / ``_zero_point_<n>``) that nothing reads any more (their quantize
-    node was folded into a module holding its own qparams) leave the state dict."""
-    read = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
-    for _, scale_attr, zp_attr, _ in gm.__dict__.get(_QPARAM_LITERALS, {}).values():
-        read.update((scale_attr, zp_attr))
-    for name in gm.__dict__.pop(_QPARAM_BUFFERS, ()):
-        if name not in read:
-            gm._buffers.pop(name, None)
-
-
-def drop_unread_float_weights(gm: GraphModule) -> None:
-    """Parameters and buffers that the lowered graph no longer reads (a functional linear's
-    float weight, now quantized into its own holder) leave the model, as torch.ao's convert
-    rebuilds its GraphModule from what the graph uses: neither a ``get_attr`` target nor inside
-    a module the graph calls."""
+def drop_unread_attributes(gm: GraphModule) -> None:
+    """Parameters and buffers that the lowered graph no longer reads (an activation qparam
+    buffer whose quantize was folded into a module holding its own qparams; a functional
+    linear's float weight, now quantized into its own holder) leave the model, as torch.ao's
+    convert rebuilds its GraphModule from what the graph uses: neither a ``get_attr`` target
+    nor inside a module the graph calls."""
     read = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
     called = {str(n.target) for n in gm.graph.nodes if n.op == "call_module"}
 
