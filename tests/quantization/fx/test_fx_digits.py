@@ -1,7 +1,7 @@
 """The digits CNN (torchquant/examples/digits.py) through FX graph mode: same accuracy as the
 eager flow on the same float weights (the same fusions, qconfig and calibration data, so the
 same quantized network up to observer-placement details), within 0.5 points of float, and its
-outputs >= 30 dB from torch.ao FX's converted model."""
+outputs equal to torch.ao FX's converted model's."""
 from __future__ import annotations
 
 import copy
@@ -49,9 +49,15 @@ def test_digits_fx_accuracy_matches_eager_and_torch_fx():
     acc_float = digits.accuracy(model, x_te, y_te)
     acc_eager = digits.accuracy(eager, x_te, y_te)
     acc_fx = digits.accuracy(ours, x_te, y_te)
-    assert acc_fx == acc_eager
+    # Eager and FX are two quantized networks, not one to the bit (observer placement differs:
+    # 36 dB apart), and the float weights are trained on this CPU, whose float kernels differ
+    # by ISA:
+    # one test digit on a decision edge flips between them on some CPUs (Sapphire Rapids with
+    # AMX: 99.33 vs 99.11), so they may differ by one digit of the test set, no more.
+    one_digit = 100.0 / len(y_te)
+    assert abs(acc_fx - acc_eager) <= one_digit + 1e-4
     assert acc_fx >= acc_float - 0.5
     with torch.no_grad():
-        assert _sqnr(theirs(x_te), ours(x_te)) >= 30
+        assert torch.equal(theirs(x_te), ours(x_te))
         assert _sqnr(eager(x_te), ours(x_te)) >= 30
         assert _sqnr(model(x_te), ours(x_te)) >= 20
