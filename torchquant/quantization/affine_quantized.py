@@ -33,6 +33,7 @@ import torch
 from .. import affine
 from ..ops import quantize as ops_quantize
 from .. import dtypes as _dt
+from ._graph import fresh_attr_name
 from ._partial_wrapper import _with_args
 from .granularity import Granularity, MappingType, TorchAODType, ZeroPointDomain, get_block_size
 
@@ -383,10 +384,7 @@ class AffineQuantizedObserverBase(abc.ABC, torch.nn.Module):
 
 def _constant_node(model: torch.fx.GraphModule, prefix: str, value: torch.Tensor) -> torch.fx.Node:
     """Store ``value`` as a new buffer of ``model`` and return a get_attr node reading it."""
-    index = 0
-    while hasattr(model, f"{prefix}{index}"):
-        index += 1
-    name = f"{prefix}{index}"
+    name = fresh_attr_name(model, prefix)
     model.register_buffer(name, value.detach().clone())
     return model.graph.create_node("get_attr", name)
 

@@ -35,6 +35,7 @@ from ...nn.quantized import reference as nnqr
 from ...nn.quantized.modules.utils import as_output_scale as _as_output_scale
 from ...nn.quantized.modules.utils import as_output_zero_point as _as_output_zero_point
 from ...ops._library import weight_qparams
+from .._graph import fresh_attr_name, read_attr
 from ..backend_config import BackendConfig
 from ..backend_config.utils import get_root_module_to_quantized_reference_module
 from ..fake_quantize import FakeQuantizeBase
@@ -91,16 +92,8 @@ def _is_observer(module: Any) -> bool:
     return isinstance(module, (ObserverBase, FakeQuantizeBase))
 
 
-def _new_attr_name(gm: GraphModule, prefix: str) -> str:
-    """``prefix`` + the first index no attribute of ``gm`` has yet."""
-    i = 0
-    while hasattr(gm, f"{prefix}{i}"):
-        i += 1
-    return f"{prefix}{i}"
-
-
 def _get_attr_node(gm: GraphModule, prefix: str, value: torch.Tensor) -> Node:
-    name = _new_attr_name(gm, prefix)
+    name = fresh_attr_name(gm, prefix)
     gm.register_buffer(name, value)
     return gm.graph.create_node("get_attr", name, (), {})
 
@@ -730,10 +723,7 @@ def _attr_value(gm: GraphModule, node: Any) -> Any:
         return None
     if not (isinstance(node, Node) and node.op == "get_attr"):
         raise ValueError
-    value: Any = gm
-    for part in str(node.target).split("."):
-        value = getattr(value, part)
-    return value
+    return read_attr(gm, str(node.target))
 
 
 _FUNCTIONAL_CONVS = {
@@ -798,7 +788,7 @@ def _lower_functional_weighted(gm: GraphModule, modules: dict[str, torch.nn.Modu
         return
     qlinear.set_weight_bias(w_q, None if bias is None else bias.detach())
     qlinear.scale, qlinear.zero_point = scale, zp
-    module_name = _new_attr_name(gm, f"{node.name}_quantized_")
+    module_name = fresh_attr_name(gm, f"{node.name}_quantized_")
     gm.add_submodule(module_name, qlinear)
     _keep_original_weights(gm, module_name, weight, bias)
     modules[module_name] = qlinear
@@ -892,7 +882,7 @@ def _lower_dynamic_functional_linear(gm: GraphModule, modules: dict[str, torch.n
         return False
     users = list(node.users)
     relu = len(users) == 1 and _is_relu(users[0], modules)
-    holder = _new_attr_name(gm, "_packed_weight_")
+    holder = fresh_attr_name(gm, "_packed_weight_")
     if w_q is None:
         buffers = [("", to_float16_weight(weight))]
     else:

@@ -24,6 +24,7 @@ from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
 from ... import dtypes as _dt
 from ...nn.intrinsic.modules.fused import _FusedModule
+from .._graph import fresh_attr_name
 from ..backend_config import BackendConfig, BackendPatternConfig, DTypeConfig, ObservationType
 from ..fake_quantize import FakeQuantizeBase
 from ..observer import ObserverBase, ReuseInputObserver, set_observer_owner
@@ -226,10 +227,7 @@ def dtype_config_for(qconfig: QConfigAny, dtype_configs: list[DTypeConfig],
 
 
 def _new_observer_name(gm: GraphModule) -> str:
-    i = 0
-    while hasattr(gm, f"activation_post_process_{i}"):
-        i += 1
-    return f"activation_post_process_{i}"
+    return fresh_attr_name(gm, "activation_post_process_")
 
 
 def _insert_observer_after(gm: GraphModule, modules: dict[str, torch.nn.Module], node: Node,

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
+from .._graph import read_attr
+
 __all__ = ["CUSTOM_KEY", "NUMERIC_DEBUG_HANDLE_KEY", "FROM_NODE_KEY",
            "generate_numeric_debug_handle", "prepare_for_propagation_comparison", "OutputLogger",
            "extract_results_from_loggers", "compare_results", "QuantizationComparisonResult",
@@ -120,12 +122,7 @@ def _subgraph_modules(gm: torch.nn.Module) -> list[GraphModule]:
     for node in gm.graph.nodes:
         if node.op != "get_attr":
             continue
-        target = gm
-        try:
-            for atom in str(node.target).split("."):
-                target = getattr(target, atom)
-        except AttributeError:
-            continue
+        target = read_attr(gm, str(node.target), None)
         if isinstance(target, GraphModule):
             found.append(target)
     return found

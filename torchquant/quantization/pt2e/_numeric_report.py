@@ -30,6 +30,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from ..._files import atomic_write
+from .._graph import read_attr
 from ._numeric_debugger import (extract_results_from_loggers, get_debug_handle,
                                 module_stack_to_str, prepare_for_propagation_comparison)
 
@@ -411,12 +412,7 @@ def model_size_bytes(model: nn.Module) -> int:
     for n in model.graph.nodes:
         if n.op not in ("get_attr", "call_module"):
             continue
-        obj: Any = model
-        try:
-            for atom in str(n.target).split("."):
-                obj = getattr(obj, atom)
-        except AttributeError:
-            continue
+        obj = read_attr(model, str(n.target), None)
         if isinstance(obj, torch.Tensor):
             seen[id(obj)] = obj
         elif isinstance(obj, nn.Module):

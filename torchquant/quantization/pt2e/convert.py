@@ -27,6 +27,7 @@ from torch.fx.node import map_arg
 
 from ... import dtypes as _dt
 from ...ops import quantize as ops_quantize
+from .._graph import fresh_attr_name
 from ..quantizer.quantizer import Q_ANNOTATION_KEY
 from ..quantizer.utils import is_valid_annotation
 from ._numeric_debugger import debug_handle_from_observer
@@ -63,13 +64,6 @@ def _range(obs: Any, qdtype: _dt.QDType) -> tuple[int, int]:
     return (qdtype.qmin if qmin is None else int(qmin), qdtype.qmax if qmax is None else int(qmax))
 
 
-def _unique_attr(model: GraphModule, prefix: str) -> str:
-    i = 0
-    while hasattr(model, f"{prefix}{i}"):
-        i += 1
-    return f"{prefix}{i}"
-
-
 class _Rewriter:
     def __init__(self, model: GraphModule) -> None:
         self.model = model
@@ -77,7 +71,7 @@ class _Rewriter:
         self.modules = dict(model.named_modules(remove_duplicate=False))
 
     def _get_attr(self, prefix: str, value: torch.Tensor) -> Node:
-        name = _unique_attr(self.model, prefix)
+        name = fresh_attr_name(self.model, prefix)
         set_tensor_attr(self.model, name, value.detach().clone(), as_parameter=False)
         return self.graph.get_attr(name)
 
@@ -257,7 +251,7 @@ def fold_quantize_constants(model: GraphModule) -> None:
                 env[n] = sub.node_copy(n, lambda a: env[a])
         sub.output(env[last])
         value = GraphModule(model, sub)()
-        name = _unique_attr(model, "_frozen_param")
+        name = fresh_attr_name(model, "_frozen_param")
         set_tensor_attr(model, name, value, as_parameter=False)
         with graph.inserting_before(last):
             frozen = graph.get_attr(name)

@@ -39,6 +39,7 @@ from ...ops import conv as _ops_conv
 from ...ops import linear as _ops_linear
 from ...ops import pooling as _ops_pooling
 from ...ops._library import weight_qparams
+from .._graph import fresh_attr_name, get_attr_value
 
 __all__ = ["lower_pt2e", "LoweredConv", "LoweredLinear", "LoweredDynamicLinear",
            "lowered_op_counts"]
@@ -133,11 +134,7 @@ class LoweredDynamicLinear(torch.nn.Module):
 # ---- graph helpers -------------------------------------------------------------------------------
 
 def _attr(model: GraphModule, node: Node) -> Optional[torch.Tensor]:
-    if not isinstance(node, Node) or node.op != "get_attr":
-        return None
-    value: Any = model
-    for part in str(node.target).split("."):
-        value = getattr(value, part)
+    value = get_attr_value(model, node)
     return value if isinstance(value, torch.Tensor) else None
 
 
@@ -261,18 +258,11 @@ def _conv_geometry(node: Node, n: int) -> Optional[tuple]:
     return args[0], args[1], args[2], tup(stride), tup(padding), tup(dilation), int(groups)
 
 
-def _unique_name(model: GraphModule, prefix: str) -> str:
-    i = 0
-    while hasattr(model, f"{prefix}{i}"):
-        i += 1
-    return f"{prefix}{i}"
-
-
 # ---- the rewrites ----------------------------------------------------------------------------------
 
 def _replace(model: GraphModule, first: Node, last: Node, module: torch.nn.Module,
              prefix: str, args: tuple, dtype: torch.dtype) -> None:
-    name = _unique_name(model, prefix)
+    name = fresh_attr_name(model, prefix)
     model.add_submodule(name, module)
     with model.graph.inserting_before(last):  # after every input (the add's other operand)
         fused = model.graph.call_module(name, args)
@@ -448,7 +438,7 @@ def _fold_weight_dequantize(model: GraphModule) -> None:
             continue
         args = tuple(_attr(model, a) if isinstance(a, Node) else a for a in node.args)
         value = node.target(*args)
-        name = _unique_name(model, "_dequantized_weight_")
+        name = fresh_attr_name(model, "_dequantized_weight_")
         model.register_buffer(name, value)
         with graph.inserting_before(node):
             const = graph.get_attr(name)

@@ -10,6 +10,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..observer import _is_activation_post_process
+from .._graph import read_attr
 
 __all__ = ["fold_bn_into_weighted_ops", "disallow_train_eval", "is_observer_node",
            "get_tensor_attr", "set_tensor_attr", "set_graph_train_mode"]
@@ -27,10 +28,7 @@ _BN_EPS_INDEX = {torch.ops.aten.batch_norm.default: 7,
 
 def get_tensor_attr(model: torch.nn.Module, target: str) -> torch.Tensor:
     """The tensor a ``get_attr`` node names (dotted path)."""
-    obj: Any = model
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return read_attr(model, target)
 
 
 def set_tensor_attr(model: torch.nn.Module, target: str, value: torch.Tensor,

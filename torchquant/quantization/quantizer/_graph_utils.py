@@ -18,6 +18,8 @@ from torch.fx.passes.utils.source_matcher_utils import (SourcePartition,
                                                         check_subgraphs_connected,
                                                         get_source_partitions)
 
+from .._graph import fresh_attr_name
+
 __all__ = ["find_sequential_partitions", "is_conv_node", "is_conv_transpose_node",
            "new_attr_name", "SourcePartition", "get_source_partitions"]
 
@@ -82,10 +84,4 @@ def is_conv_transpose_node(n: Node) -> bool:
     return n.op == "call_function" and n.target in _CONV_TRANSPOSE_TARGETS
 
 
-def new_attr_name(module: torch.nn.Module, prefix: str) -> str:
-    """The first ``prefix<i>`` (i = 0, 1, ...) that is not an attribute of ``module``."""
-    prefix = prefix.replace(".", "_")
-    i = 0
-    while hasattr(module, f"{prefix}{i}"):
-        i += 1
-    return f"{prefix}{i}"
+new_attr_name = fresh_attr_name

@@ -1,0 +1,44 @@
+"""Small FX graph helpers shared by the eager-free flows (FX convert, PT2E prepare / convert /
+lowering, the quantizers, the numeric debugger): fresh attribute names and reading the value
+behind a dotted ``get_attr`` target."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+__all__ = ["fresh_attr_name", "read_attr", "get_attr_value"]
+
+_MISSING = object()
+
+
+def fresh_attr_name(module: torch.nn.Module, prefix: str) -> str:
+    """The first ``prefix<i>`` (i = 0, 1, ...) that is not an attribute of ``module`` (dots in
+    ``prefix``, as in a qualified node name, become underscores)."""
+    prefix = prefix.replace(".", "_")
+    i = 0
+    while hasattr(module, f"{prefix}{i}"):
+        i += 1
+    return f"{prefix}{i}"
+
+
+def read_attr(module: torch.nn.Module, target: str, default: Any = _MISSING) -> Any:
+    """``module.<target>`` for a dotted ``target``; ``default`` where a part is missing (an
+    AttributeError without it)."""
+    value: Any = module
+    for part in target.split("."):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            if default is _MISSING:
+                raise
+            return default
+    return value
+
+
+def get_attr_value(module: torch.nn.Module, node: Any) -> Any:
+    """What a ``get_attr`` node reads from ``module``; None for anything else."""
+    if not (isinstance(node, Node) and node.op == "get_attr"):
+        return None
+    return read_attr(module, str(node.target), None)
