@@ -26,12 +26,12 @@ from torchquant._package import PackageError
 
 EXAMPLE_BATCH, OTHER_BATCH = 2, 5
 
+# Every flow (eager static / dynamic, FX, PT2E static / dynamic) and every model once or
+# more; not every pair: each case is an AOTInductor compile of ~20 s on a 2-core machine.
 CASES: dict[str, tuple[str, Callable[[], nn.Module]]] = {
     "resnet-eager": ("resnet", lambda: sm.eager_static(sm.resnet(), "resnet")),
-    "resnet-fx": ("resnet", lambda: sm.fx_static(sm.resnet(), "resnet")),
     "resnet-pt2e": ("resnet", lambda: sm.pt2e(sm.resnet(), "resnet")),
     "mobilenet-fx": ("mobilenet", lambda: sm.fx_static(sm.mobilenet(), "mobilenet")),
-    "mobilenet-pt2e": ("mobilenet", lambda: sm.pt2e(sm.mobilenet(), "mobilenet")),
     "minilm-eager": ("minilm", lambda: sm.eager_dynamic(sm.minilm(), {nn.Linear})),
     "minilm-pt2e": ("minilm", lambda: sm.pt2e(sm.minilm(), "minilm", dynamic=True)),
     "lstm-eager": ("lstm", lambda: sm.eager_dynamic(sm.lstm(), {nn.LSTM})),
@@ -54,7 +54,7 @@ _FRESH_PROCESS = textwrap.dedent("""
 # softmax / LayerNorm / GELU / sigmoid / tanh and oneDNN's float-output epilogues round an ulp
 # or so apart from ATen's kernels (the int8 parts are bit-exact: test_decompositions_*).
 FLOAT_ULPS = {"rtol": 1e-5, "atol": 1e-6}
-BIT_EXACT = {"resnet-eager", "resnet-fx", "mobilenet-fx"}
+BIT_EXACT = {"resnet-eager", "mobilenet-fx"}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
