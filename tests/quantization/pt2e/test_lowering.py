@@ -15,6 +15,8 @@ every model, and >= 99.9% exactly equal, see the asserts), and the float outputs
 from __future__ import annotations
 
 import copy
+import re
+import warnings
 
 import pytest
 import torch
@@ -228,6 +230,35 @@ def test_compile_entry_point(mlp):
         torch.testing.assert_close(compiled(x), expected, **tolerance)
     with torch.inference_mode():
         torch.testing.assert_close(compiled(x), expected, **tolerance)
+
+
+def test_compile_called_with_grad_mode_on(mlp):
+    """Inductor freezes inference graphs only.  With nothing that could take a gradient, a call
+    in grad mode (Python's default) runs the frozen int8 graph: the no_grad answer, bit for bit.
+    With a parameter that requires grad it keeps grad mode and warns once, naming it."""
+    converted, shape = mlp
+    x = torch.randn(*shape)
+    inference_only = copy.deepcopy(converted)
+    for p in inference_only.parameters():
+        p.requires_grad_(False)
+    compiled = torchquant.compile(inference_only)
+    with torch.no_grad():
+        expected = compiled(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = compiled(x)
+    assert not got.requires_grad and torch.equal(got, expected)
+
+    trainable = copy.deepcopy(converted)
+    if not any(p.requires_grad for p in trainable.parameters()):
+        next(trainable.parameters()).requires_grad_(True)
+    names = [n for n, p in trainable.named_parameters() if p.requires_grad]
+    compiled = torchquant.compile(trainable)
+    with pytest.warns(UserWarning, match=re.escape(names[0])):
+        assert compiled(x).requires_grad
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled(x)  # once per compiled model
 
 
 def test_compile_residual_cnn_matches_lowered_eager(residual):
