@@ -33,7 +33,7 @@ import torch
 from .. import affine
 from ..ops import quantize as ops_quantize
 from .. import dtypes as _dt
-from ._graph import fresh_attr_name
+from .._graph import fresh_attr_name
 from ._partial_wrapper import _with_args
 from .granularity import Granularity, MappingType, TorchAODType, ZeroPointDomain, get_block_size
 

@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import fx
 
+from ..._graph import fresh_attr_name, get_attr_value
 from ...kernels import linear as _klinear
 
 __all__ = ["register"]
@@ -52,13 +53,7 @@ def _is(node: Any, target: Any) -> bool:
 
 def _constant(gm: fx.GraphModule, node: Any) -> Optional[torch.Tensor]:
     """The frozen tensor a ``get_attr`` node reads, else None."""
-    if not (isinstance(node, fx.Node) and node.op == "get_attr"):
-        return None
-    value = gm
-    for part in str(node.target).split("."):
-        value = getattr(value, part, None)
-        if value is None:
-            return None
+    value = get_attr_value(gm, node)
     return value if isinstance(value, torch.Tensor) else None
 
 
@@ -174,13 +169,9 @@ class _Graph:
 
     def __init__(self, gm: fx.GraphModule) -> None:
         self.gm = gm
-        self.count = 0
 
     def constant(self, value: torch.Tensor, before: fx.Node, hint: str) -> fx.Node:
-        name = f"_torchquant_{hint}_{self.count}"
-        while hasattr(self.gm, name):
-            self.count += 1
-            name = f"_torchquant_{hint}_{self.count}"
+        name = fresh_attr_name(self.gm, f"_torchquant_{hint}_")
         self.gm.register_buffer(name, value, persistent=False)
         with self.gm.graph.inserting_before(before):
             return self.gm.graph.get_attr(name)

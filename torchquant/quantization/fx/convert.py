@@ -35,7 +35,7 @@ from ...nn.quantized import reference as nnqr
 from ...nn.quantized.modules.utils import as_output_scale as _as_output_scale
 from ...nn.quantized.modules.utils import as_output_zero_point as _as_output_zero_point
 from ...ops._library import weight_qparams
-from .._graph import fresh_attr_name, read_attr
+from ..._graph import fresh_attr_name, read_attr
 from ..backend_config import BackendConfig
 from ..backend_config.utils import get_root_module_to_quantized_reference_module
 from ..fake_quantize import FakeQuantizeBase

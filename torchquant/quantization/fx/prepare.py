@@ -24,7 +24,7 @@ from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
 from ... import dtypes as _dt
 from ...nn.intrinsic.modules.fused import _FusedModule
-from .._graph import fresh_attr_name
+from ..._graph import fresh_attr_name
 from ..backend_config import BackendConfig, BackendPatternConfig, DTypeConfig, ObservationType
 from ..fake_quantize import FakeQuantizeBase
 from ..observer import ObserverBase, ReuseInputObserver, set_observer_owner

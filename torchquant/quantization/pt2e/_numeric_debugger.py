@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
-from .._graph import read_attr
+from ..._graph import read_attr
 
 __all__ = ["CUSTOM_KEY", "NUMERIC_DEBUG_HANDLE_KEY", "FROM_NODE_KEY",
            "generate_numeric_debug_handle", "prepare_for_propagation_comparison", "OutputLogger",

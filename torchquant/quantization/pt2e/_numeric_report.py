@@ -30,7 +30,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from ..._files import atomic_write
-from .._graph import read_attr
+from ..._graph import read_attr
 from ._numeric_debugger import (extract_results_from_loggers, get_debug_handle,
                                 module_stack_to_str, prepare_for_propagation_comparison)
 

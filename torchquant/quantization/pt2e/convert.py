@@ -27,7 +27,7 @@ from torch.fx.node import map_arg
 
 from ... import dtypes as _dt
 from ...ops import quantize as ops_quantize
-from .._graph import fresh_attr_name
+from ..._graph import fresh_attr_name
 from ..quantizer.quantizer import Q_ANNOTATION_KEY
 from ..quantizer.utils import is_valid_annotation
 from ._numeric_debugger import debug_handle_from_observer

@@ -39,7 +39,7 @@ from ...ops import conv as _ops_conv
 from ...ops import linear as _ops_linear
 from ...ops import pooling as _ops_pooling
 from ...ops._library import weight_qparams
-from .._graph import fresh_attr_name, get_attr_value
+from ..._graph import fresh_attr_name, get_attr_value
 
 __all__ = ["lower_pt2e", "LoweredConv", "LoweredLinear", "LoweredDynamicLinear",
            "lowered_op_counts"]

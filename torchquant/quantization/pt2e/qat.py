@@ -21,7 +21,8 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..quantizer.quantizer import Q_ANNOTATION_KEY
-from .utils import _CONV_OPS, _fused_weights, get_tensor_attr, set_tensor_attr
+from ..._graph import read_attr
+from .utils import _CONV_OPS, _fused_weights, set_tensor_attr
 
 __all__ = ["fuse_conv_bn_for_qat", "fold_conv_bn_after_qat"]
 
@@ -54,7 +55,7 @@ def fuse_conv_bn_for_qat(model: GraphModule) -> None:
         bn_weight, running_var, eps = bn.args[1], bn.args[4], bn.args[7]
         if not isinstance(bn_weight, Node) or not isinstance(running_var, Node):
             continue
-        rank = get_tensor_attr(model, str(weight.target)).dim()
+        rank = read_attr(model, str(weight.target)).dim()
         weight_shape = [1] * rank
         weight_shape[1 if transpose else 0] = -1
         out_shape = [1] * rank
@@ -107,11 +108,11 @@ def fold_conv_bn_after_qat(model: GraphModule) -> None:
         weight, bias, bn, scaled, out = (info[k] for k in ("weight", "bias", "bn", "scaled",
                                                            "out"))
         transpose = _CONV_OPS[conv.target]
-        w = get_tensor_attr(model, str(weight.target))
-        b = get_tensor_attr(model, str(bias.target)) if isinstance(bias, Node) else None
+        w = read_attr(model, str(weight.target))
+        b = read_attr(model, str(bias.target)) if isinstance(bias, Node) else None
 
         def const(n: Any) -> Optional[torch.Tensor]:
-            return get_tensor_attr(model, str(n.target)) if isinstance(n, Node) else None
+            return read_attr(model, str(n.target)) if isinstance(n, Node) else None
 
         fused_w, fused_b = _fused_weights(w.detach(), None if b is None else b.detach(),
                                           const(bn.args[3]).detach(), const(bn.args[4]).detach(),

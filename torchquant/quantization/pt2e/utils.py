@@ -10,10 +10,10 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..observer import _is_activation_post_process
-from .._graph import read_attr
+from ..._graph import read_attr
 
 __all__ = ["fold_bn_into_weighted_ops", "disallow_train_eval", "is_observer_node",
-           "get_tensor_attr", "set_tensor_attr", "set_graph_train_mode"]
+           "set_tensor_attr", "set_graph_train_mode"]
 
 _CONV_OPS = {torch.ops.aten.conv1d.default: False, torch.ops.aten.conv2d.default: False,
              torch.ops.aten.conv3d.default: False,
@@ -24,11 +24,6 @@ _LINEAR_OPS = {torch.ops.aten.linear.default}
 # (target, index of eps among the args); batch_norm's "training" flag is arg 5
 _BN_EPS_INDEX = {torch.ops.aten.batch_norm.default: 7,
                  torch.ops.aten._native_batch_norm_legit_no_training.default: 6}
-
-
-def get_tensor_attr(model: torch.nn.Module, target: str) -> torch.Tensor:
-    """The tensor a ``get_attr`` node names (dotted path)."""
-    return read_attr(model, target)
 
 
 def set_tensor_attr(model: torch.nn.Module, target: str, value: torch.Tensor,
@@ -54,7 +49,7 @@ def _const(model: GraphModule, node: Optional[Any]) -> Optional[torch.Tensor]:
         return None
     if not isinstance(node, Node) or node.op != "get_attr":
         raise ValueError(f"expected a get_attr node for a BN / conv constant, got {node}")
-    return get_tensor_attr(model, str(node.target))
+    return read_attr(model, str(node.target))
 
 
 def _fused_weights(w: torch.Tensor, b: Optional[torch.Tensor], rm: torch.Tensor,

@@ -18,10 +18,9 @@ from torch.fx.passes.utils.source_matcher_utils import (SourcePartition,
                                                         check_subgraphs_connected,
                                                         get_source_partitions)
 
-from .._graph import fresh_attr_name
 
 __all__ = ["find_sequential_partitions", "is_conv_node", "is_conv_transpose_node",
-           "new_attr_name", "SourcePartition", "get_source_partitions"]
+           "SourcePartition", "get_source_partitions"]
 
 # Spellings of the same operation: a pattern step written with one of them matches any.
 _EQUIVALENT_SOURCES: list[set] = [
@@ -84,4 +83,3 @@ def is_conv_transpose_node(n: Node) -> bool:
     return n.op == "call_function" and n.target in _CONV_TRANSPOSE_TARGETS
 
 
-new_attr_name = fresh_attr_name

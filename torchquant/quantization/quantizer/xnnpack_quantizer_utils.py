@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch._subclasses import FakeTensor
 from torch.fx import GraphModule, Node
 
-from ._graph_utils import get_source_partitions, is_conv_node, is_conv_transpose_node, new_attr_name
+from ..._graph import fresh_attr_name
+from ._graph_utils import get_source_partitions, is_conv_node, is_conv_transpose_node
 from .quantizer import Q_ANNOTATION_KEY, QuantizationAnnotation, SharedQuantizationSpec
 from .utils import (OperatorConfig, OperatorPatternType, QuantizationConfig,
                     annotate_input_qspec_map, annotate_output_qspec, get_bias_qspec,
@@ -446,7 +447,7 @@ def _convert_scalars_to_attrs(model: GraphModule) -> GraphModule:
             if isinstance(arg, Node):
                 new_args.append(arg)
                 continue
-            name = new_attr_name(model, "_tensor_constant_")
+            name = fresh_attr_name(model, "_tensor_constant_")
             value = torch.tensor(float(arg))
             model.register_buffer(name, value)
             with model.graph.inserting_before(n):

@@ -1,6 +1,7 @@
-"""Small FX graph helpers shared by the eager-free flows (FX convert, PT2E prepare / convert /
-lowering, the quantizers, the numeric debugger): fresh attribute names and reading the value
-behind a dotted ``get_attr`` target."""
+"""Small FX graph helpers shared by every graph rewrite (FX convert, PT2E prepare / convert /
+lowering, the quantizers, the numeric debugger, the inductor freezing pass): fresh attribute
+names and reading the value behind a dotted ``get_attr`` target.  A helper every layer may use
+(torch only)."""
 from __future__ import annotations
 
 from typing import Any
