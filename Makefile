@@ -18,7 +18,8 @@ demo: $(STAMP)
 	$(PY) tools/demo.py
 
 # Two pytest workers with two OpenMP threads each on a 2-core machine: passive waiting keeps
-# an idle worker's threads from spinning on the cores the other needs (~10% of the run).
+# an idle worker's threads from spinning on the cores the other needs (BENCHMARKS.md,
+# 2026-12-05 fourth session).
 test: $(STAMP)
 	OMP_WAIT_POLICY=passive $(PY) -m pytest -q -n 2
 

@@ -27,7 +27,7 @@ from torchquant._package import PackageError
 EXAMPLE_BATCH, OTHER_BATCH = 2, 5
 
 # Every flow (eager static / dynamic, FX, PT2E static / dynamic) and every model once or
-# more; not every pair: each case is an AOTInductor compile of ~20 s on a 2-core machine.
+# more; not every pair: each case is a whole AOTInductor compile, and make test has 10 minutes.
 CASES: dict[str, tuple[str, Callable[[], nn.Module]]] = {
     "resnet-eager": ("resnet", lambda: sm.eager_static(sm.resnet(), "resnet")),
     "resnet-pt2e": ("resnet", lambda: sm.pt2e(sm.resnet(), "resnet")),

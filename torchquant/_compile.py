@@ -102,8 +102,8 @@ def _traced_for_freezing(forward: Callable,
     restored after the last concurrent one returns.
 
     Inductor freezes inference graphs only: called with grad mode on (Python's default), the
-    model compiled a second, unfrozen graph whose int8 convs ran in float (ResNet-shaped b1
-    2.2x the no_grad time).  Where no input and no parameter requires grad, no gradient can
+    model compiled a second, unfrozen graph whose int8 convs ran in float (BENCHMARKS.md,
+    2026-12-05 fourth session).  Where no input and no parameter requires grad, no gradient can
     flow, so such a call runs under ``no_grad`` and gets the frozen int8 graph; where one
     does (a PT2E model keeps its linears' float biases as parameters that require grad), it
     keeps grad mode and warns once, naming them."""
