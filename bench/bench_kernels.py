@@ -33,6 +33,13 @@ CONV_SHAPES = [(64, 64, 56, 3, 1), (64, 128, 56, 3, 2), (128, 128, 28, 3, 1),
                (512, 512, 7, 3, 1), (64, 128, 56, 1, 2), (128, 256, 28, 1, 2),
                (256, 512, 14, 1, 2)]
 CONV_BATCHES = [1, 8]
+# The native conv's range (torchquant.kernels.native.conv_preferred): ResNet-18-shaped (width
+# 32) and MobileNetV2-shaped (width 0.5) convs on 3x32x32 inputs, (in, out, input size, kernel,
+# stride, groups).
+SMALL_CONV_SHAPES = [(32, 32, 32, 3, 1, 1), (32, 64, 32, 3, 2, 1), (64, 64, 16, 3, 1, 1),
+                     (128, 128, 8, 3, 1, 1), (256, 256, 4, 3, 1, 1), (128, 256, 8, 1, 2, 1),
+                     (48, 48, 16, 3, 1, 48), (96, 96, 8, 3, 2, 96), (96, 32, 8, 1, 1, 1)]
+SMALL_CONV_BATCHES = [1, 4, 16]
 
 
 def best_times(fns: dict[str, Callable[[], object]], budget_s: float,
@@ -136,6 +143,44 @@ def conv_cases(timing: dict) -> list:
     return rows
 
 
+def small_conv_cases(timing: dict) -> list:
+    """torchquant's native conv against the oneDNN call the compiled graph makes otherwise (both
+    at op level, weights prepacked / cached) and torch.ao's op, u8 out."""
+    import torch.ao.nn.quantized as nnq
+    rows = []
+    for batch in SMALL_CONV_BATCHES:
+        for cin, cout, size, ksize, stride, groups in SMALL_CONV_SHAPES:
+            pad = ksize // 2
+            geometry = ([stride] * 2, [pad] * 2, [1, 1], groups)
+            x = torch.randn(batch, cin, size, size)
+            w, b = torch.randn(cout, cin // groups, ksize, ksize) * 0.05, torch.randn(cout)
+            qw = per_channel_qweight(w)
+            w_int, w_scale = qw.int_repr(), qw.q_per_channel_scales().float()
+            w_zp = torch.zeros(cout, dtype=torch.int64)
+            torch_conv = nnq.Conv2d(cin, cout, ksize, stride, pad, groups=groups)
+            torch_conv.set_weight_bias(qw, b)
+            qx = torch.quantize_per_tensor(x, 0.03, 64, torch.quint8).contiguous(
+                memory_format=torch.channels_last)
+            x_int = qx.int_repr()
+            onednn_w = torch.ops.onednn.qconv_prepack(w_int, w_scale, 0.03, 64, *geometry,
+                                                      list(x.shape))
+            t = best_times({
+                "ours": lambda: torch.ops.torchquant_native.qconv2d(
+                    x_int, 0.03, 64, w_int, w_scale, b, *geometry, None, 1.0, 0, "none", [],
+                    0.2, 70, torch.uint8),
+                "oneDNN": lambda: torch.ops.onednn.qconv_pointwise(
+                    x_int, 0.03, 64, onednn_w, w_scale, w_zp, b, *geometry, 0.2, 70,
+                    torch.uint8, "none", [], ""),
+                "torch.ao": lambda: torch.ops.quantized.conv2d(qx, torch_conv._packed_params,
+                                                               0.2, 70),
+                "float": lambda: F.conv2d(x, w, b, stride, pad, 1, groups),
+            }, **timing)
+            out = (size + 2 * pad - ksize) // stride + 1
+            rows.append(((batch, cin, cout, size, ksize, stride, groups), t,
+                         2 * batch * cin // groups * cout * ksize * ksize * out * out))
+    return rows
+
+
 def elementwise_cases(timing: dict) -> list:
     """ReLU / add / cat / max-pool on a (8, 64, 56, 56) quint8 activation, module level."""
     import torch.ao.nn.quantized as ao_nnq
@@ -208,6 +253,19 @@ def main() -> None:
     conv = print_table("Conv2d (ResNet-18 3x3 / 1x1, channels-last u8 in)", conv_cases(timing),
                        ["ours", "torch.ao", "float"],
                        lambda s: f"b{s[0]} {s[1]}->{s[2]} {s[3]}x{s[3]} k{s[4]} s{s[5]}")
+    from torchquant.kernels import native
+    if native.available() and native.exact_u8():
+        small = small_conv_cases(timing)
+        print_table("Small Conv2d: the native conv ('ours') vs the oneDNN call (3x32x32 models)",
+                    small, ["ours", "oneDNN", "torch.ao", "float"],
+                    lambda s: f"b{s[0]} {s[1]}->{s[2]} {s[3]}x{s[3]} k{s[4]} s{s[5]} g{s[6]}")
+        chosen = [t["ours"] / t["oneDNN"] for (b, ci, co, sz, k, st, g), t, _ in small
+                  if native.conv_preferred((b, ci, sz, sz), (co, ci // g, k, k), [st] * 2,
+                                           [k // 2] * 2, [1, 1], g)]
+        print(f"\nnative/oneDNN where conv_preferred picks the native conv: geomean "
+              f"{geomean(chosen):.2f}, max {max(chosen):.2f} ({len(chosen)} of {len(small)})")
+    else:
+        print(f"\n(no native conv here: {native.describe()})")
     print_table("Elementwise / pooling on (8, 64, 56, 56) quint8 (last column: elements/ns)",
                 elementwise_cases(timing), ["ours", "torch.ao", "float"], str)
     print("\n## Targets\n")

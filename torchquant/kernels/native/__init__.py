@@ -8,7 +8,10 @@ per tensor with ATen's qparam rule, fbgemm's quantize, GEMM and float epilogue),
 uint8 Linear (fbgemm's requantizing epilogue, ReLU fused), and the dynamic LSTM / GRU loops
 (that dynamic Linear on the hidden state, then torch's CPU cell arithmetic, fused into a few
 passes with ATen's own sigmoid / tanh math; every step in C++).  fbgemm picks AVX2 / AVX-512 /
-VNNI kernels at run time; :func:`force_isa` forces a lower one for tests.  Two elementwise
+VNNI kernels at run time; :func:`force_isa` forces a lower one for tests.  The int8 2-d conv
+(``csrc/conv.cpp``): fbgemm's im2col GEMM (a depthwise loop of torchquant's own) and oneDNN's
+requantization order, the integers of ``onednn::qconv_pointwise`` without its per-call set-up
+(:func:`conv_preferred` says where that wins).  Two elementwise
 loops of torchquant's own (``csrc/elementwise.cpp``, AVX2 with a scalar twin,
 :data:`VECTOR_LOOPS`): the per-tensor quantize and the quantized add, the reference formulas'
 integers in one pass.
@@ -23,7 +26,7 @@ import logging
 import os
 import weakref
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -32,7 +35,8 @@ from ..._log import emit_once
 from .. import cpu_isa
 from ..registry import implementations, register
 
-__all__ = ["available", "describe", "isa", "exact_u8", "force_isa", "pack", "dynamic_linear",
+__all__ = ["available", "describe", "isa", "exact_u8", "force_isa", "pack", "conv_preferred",
+           "conv_output_size", "dynamic_linear",
            "static_linear", "lstm_sequence", "gru_sequence", "quantized_add", "quantize"]
 
 _LIBRARY = Path(__file__).with_name("_C.so")
@@ -67,6 +71,15 @@ def _register_fakes() -> None:
     @torch.library.register_fake(lib + "fbgemm_linear_static")
     def _(x, x_scale, x_zero_point, packed, out_scale, out_zero_point, relu):
         return x.new_empty(*x.shape[:-1], packed.out_features())
+
+    @torch.library.register_fake(lib + "qconv2d")
+    def _(x, x_scale, x_zp, weight, weight_scale, bias, stride, padding, dilation, groups, other,
+          other_scale, other_zp, unary, scalars, out_scale, out_zp, out_dtype):
+        n, _, h, w = x.shape
+        oh, ow = (conv_output_size(size, k, s, p, d) for size, k, s, p, d in
+                  zip((h, w), weight.shape[2:], stride, padding, dilation))
+        return torch.empty((n, weight.size(0), oh, ow), dtype=out_dtype, device=x.device,
+                           memory_format=torch.channels_last)
 
     @torch.library.register_fake(lib + "fbgemm_lstm_sequence")
     def _(ih, h0, c0, w_hh, reduce_range, reverse):
@@ -155,6 +168,39 @@ def pack(packed: Any) -> Any:
         p = per_isa[key] = torch.ops.torchquant_native.fbgemm_pack_linear(
             packed.weight, packed.channel_scale, packed.channel_zero_point, packed.bias)
     return p
+
+
+def conv_output_size(size: Any, kernel: int, stride: int, padding: int, dilation: int) -> Any:
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+# Where the native conv beats oneDNN's call (measured side by side: bench/bench_kernels.py,
+# "Small Conv2d"): below these sizes oneDNN's per-call set-up outweighs its faster kernel.
+_CONV_MAX_ROWS = 1024               # output pixels (batch x height x width)
+_CONV_MAX_MACS = 20_000_000         # rows x (in / groups x kernel) x out channels
+_CONV_MAX_DEPTHWISE = 50_000        # depthwise: rows x channels
+
+
+def conv_preferred(x_shape: Sequence[int], weight_shape: Sequence[int], stride: Sequence[int],
+                   padding: Sequence[int], dilation: Sequence[int], groups: int) -> bool:
+    """Whether ``torchquant_native::qconv2d`` should run this uint8 conv (static shape, int8
+    weight with zero zero points): a 2-d conv, plain or depthwise, small enough that oneDNN's
+    per-call set-up dominates, on a CPU whose fbgemm products are exact (VNNI)."""
+    if len(x_shape) != 4 or len(weight_shape) != 4 or not available() or not exact_u8():
+        return False
+    n, c, h, w = x_shape
+    oc, icg, kh, kw = weight_shape
+    depthwise = groups > 1 and groups == c == oc and icg == 1
+    if groups != 1 and not depthwise:
+        return False
+    oh, ow = (conv_output_size(size, k, s, p, d) for size, k, s, p, d in
+              zip((h, w), (kh, kw), stride, padding, dilation))
+    rows = n * oh * ow
+    if rows <= 0:
+        return False
+    if depthwise:
+        return rows * c <= _CONV_MAX_DEPTHWISE
+    return rows <= _CONV_MAX_ROWS and rows * icg * kh * kw * oc <= _CONV_MAX_MACS
 
 
 def _applies(x: torch.Tensor, packed: Any = None, reduce_range: bool = True, **_: Any) -> bool:

@@ -1,0 +1,183 @@
+"""kernels.native: the int8 2-d conv (``torchquant_native::qconv2d``, csrc/conv.cpp).
+
+Oracles: oneDNN's ``qconv_pointwise`` / ``qconv2d_pointwise.binary`` on the same integers (what
+the compiled graph called before; the eager modules' kernel), and the exact integer
+accumulation (float64 conv of small integers is exact) scaled in float32 the way both kernels
+scale it.  The uint8 outputs may differ from oneDNN's by one step where a requantized value
+lands within float rounding of a half-integer (oneDNN's JIT and this kernel round the same
+formula through different instruction sequences): bounded below."""
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchquant.kernels import native
+
+pytestmark = pytest.mark.skipif(not (native.available() and native.exact_u8()),
+                                reason="the native conv runs where fbgemm's u8 x s8 is exact")
+
+qconv2d = torch.ops.torchquant_native.qconv2d
+
+# in, out, kernel, size, stride, padding, dilation, groups
+SHAPES = [(16, 32, 3, 10, 1, 1, 1, 1), (32, 48, 3, 9, 2, 1, 1, 1), (64, 64, 1, 8, 1, 0, 1, 1),
+          (32, 64, 1, 8, 2, 0, 1, 1), (3, 16, 3, 16, 1, 1, 1, 1), (8, 16, 5, 11, 1, 2, 2, 1),
+          (24, 24, 3, 10, 1, 1, 1, 24), (48, 48, 3, 11, 2, 1, 1, 48), (16, 16, 3, 9, 1, 2, 2, 16)]
+
+
+def _case(cin, cout, k, size, stride, pad, dil, groups, batch, per_channel, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (batch, cin, size, size), dtype=torch.uint8, generator=gen)
+    w = torch.randint(-128, 128, (cout, cin // groups, k, k), dtype=torch.int8, generator=gen)
+    w_scale = ((torch.rand(cout, generator=gen) * 0.01 + 0.001) if per_channel
+               else torch.full((cout,), 0.004))
+    bias = torch.randn(cout, generator=gen) * 3
+    geometry = ([stride] * 2, [pad] * 2, [dil] * 2, groups)
+    return x.contiguous(memory_format=torch.channels_last), w, w_scale, bias, geometry
+
+
+def _onednn(x, x_scale, x_zp, w, w_scale, bias, geometry, other, unary, scalars, out):
+    packed = torch.ops.onednn.qconv_prepack(w, w_scale, x_scale, x_zp, *geometry, None)
+    w_zp = torch.zeros(w.size(0), dtype=torch.int64)
+    if other is None:
+        return torch.ops.onednn.qconv_pointwise(x, x_scale, x_zp, packed, w_scale, w_zp, bias,
+                                                *geometry, *out, unary, scalars, "")
+    q_other, o_scale, o_zp = other
+    return torch.ops.onednn.qconv2d_pointwise.binary(
+        x, x_scale, x_zp, packed, w_scale, w_zp, q_other.clone(), bias, *geometry, *out, o_scale,
+        o_zp, "sum", 1.0, unary, scalars, "")
+
+
+def _native(x, x_scale, x_zp, w, w_scale, bias, geometry, other, unary, scalars, out):
+    addend = (None, 1.0, 0) if other is None else other
+    return qconv2d(x, x_scale, x_zp, w, w_scale, bias, *geometry, *addend, unary, scalars, *out)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_uint8_outputs_match_onednn(shape):
+    checked = differing = 0
+    for batch, per_channel, post in itertools.product((1, 3), (False, True),
+                                                      ("none", "relu", "hardtanh", "add",
+                                                       "add_relu")):
+        x, w, w_scale, bias, geometry = _case(*shape, batch, per_channel, seed=batch)
+        if post.startswith("add") and geometry[3] != 1:
+            continue                       # oneDNN fuses the sum for plain convs only
+        other = None
+        if post.startswith("add"):
+            out_shape = _native(x, 0.0123, 7, w, w_scale, None, geometry, None, "none", [],
+                                (1.0, 0, torch.float32)).shape
+            q_other = torch.randint(0, 256, out_shape, dtype=torch.uint8,
+                                    generator=torch.Generator().manual_seed(1))
+            other = (q_other.contiguous(memory_format=torch.channels_last), 0.21, 100)
+        unary = {"add": "none", "add_relu": "relu"}.get(post, post)
+        scalars = [-1.5, 2.0] if unary == "hardtanh" else []
+        args = (x, 0.0123, 131, w, w_scale, bias, geometry, other, unary, scalars,
+                (0.73, 60, torch.uint8))
+        got, want = _native(*args), _onednn(*args)
+        assert got.dtype == want.dtype == torch.uint8 and got.shape == want.shape
+        assert got.is_contiguous(memory_format=torch.channels_last)
+        steps = (got.int() - want.int()).abs()
+        assert steps.max() <= 1, post
+        checked += got.numel()
+        differing += int(steps.gt(0).sum())
+    assert differing <= max(1, checked // 10_000)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_integer_accumulation_is_exact(shape):
+    """Float output, no bias: ``float(sum((x - x_zp) * w)) * (x_scale * w_scale)``, bit for bit,
+    with uint8 values above 128 everywhere (where AVX2's pairwise products would saturate)."""
+    for batch in (1, 2):
+        x, w, w_scale, _, (stride, padding, dilation, groups) = _case(*shape, batch, True)
+        x_scale, x_zp = 0.02, 3
+        acc = F.conv2d(x.double() - x_zp, w.double(), None, stride, padding, dilation, groups)
+        want = (acc.float() * (torch.tensor(x_scale) * w_scale).view(1, -1, 1, 1))
+        got = _native(x, x_scale, x_zp, w, w_scale, None, (stride, padding, dilation, groups),
+                      None, "none", [], (1.0, 0, torch.float32))
+        depthwise = groups > 1
+        if depthwise:   # the depthwise loop scales by x_scale, then by w_scale (oneDNN's order)
+            want = (acc.float() * x_scale) * w_scale.view(1, -1, 1, 1)
+        assert got.dtype == torch.float32
+        assert torch.equal(got, want)
+
+
+def test_float_output_matches_onednn_within_rounding():
+    """oneDNN scales 1x1 convs at batch 1 in two steps, elsewhere in one: the float outputs agree
+    to float32 rounding of the scale product (a few ulps), not bit for bit."""
+    for shape in SHAPES:
+        x, w, w_scale, bias, geometry = _case(*shape, 2, True)
+        args = (x, 0.0123, 131, w, w_scale, bias, geometry, None, "relu", [],
+                (1.0, 0, torch.float32))
+        torch.testing.assert_close(_native(*args), _onednn(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_noncontiguous_input_and_addend_are_read_as_they_are():
+    x, w, w_scale, bias, geometry = _case(16, 32, 3, 10, 1, 1, 1, 1, 2, True)
+    out = (0.5, 10, torch.uint8)
+    channels_last = _native(x, 0.0123, 131, w, w_scale, bias, geometry, None, "none", [], out)
+    nchw = _native(x.contiguous(), 0.0123, 131, w, w_scale, bias, geometry, None, "none", [], out)
+    assert torch.equal(channels_last, nchw)
+    other = torch.randint(0, 256, nchw.shape, dtype=torch.uint8)
+    a = _native(x, 0.0123, 131, w, w_scale, bias, geometry, (other, 0.2, 9), "none", [], out)
+    b = _native(x, 0.0123, 131, w, w_scale, bias, geometry,
+                (other.contiguous(memory_format=torch.channels_last), 0.2, 9), "none", [], out)
+    assert torch.equal(a, b)
+    assert torch.equal(other, other.clone())   # the addend is read, not summed into
+
+
+def test_weight_changed_in_place_is_repacked():
+    """The packed weight is cached by the weight tensor; an in-place change bumps its version and
+    the next call packs again (never a stale result)."""
+    x, w, w_scale, bias, geometry = _case(16, 32, 3, 10, 1, 1, 1, 1, 1, True)
+    out = (1.0, 0, torch.float32)
+    before = _native(x, 0.0123, 131, w, w_scale, None, geometry, None, "none", [], out)
+    w.neg_()
+    w[w == -128] = 127            # -(-128) wraps: keep the negation exact
+    after = _native(x, 0.0123, 131, w, w_scale, None, geometry, None, "none", [], out)
+    fresh = _native(x, 0.0123, 131, w.clone(), w_scale, None, geometry, None, "none", [], out)
+    assert torch.equal(after, fresh) and not torch.equal(after, before)
+
+
+def test_bad_arguments_name_the_problem():
+    x, w, w_scale, bias, geometry = _case(16, 32, 3, 10, 1, 1, 1, 1, 1, True)
+    out = (1.0, 0, torch.float32)
+    with pytest.raises(TypeError, match="qconv2d"):
+        _native(x.float(), 0.1, 0, w, w_scale, bias, geometry, None, "none", [], out)
+    with pytest.raises(ValueError, match="qconv2d"):
+        _native(x, 0.1, 0, w[:, :8].contiguous(), w_scale, bias, ([1, 1], [1, 1], [1, 1], 2),
+                None, "none", [], out)         # grouped, not depthwise
+    with pytest.raises(ValueError, match="qconv2d"):
+        _native(x, 0.1, 0, w, w_scale, bias, geometry, None, "gelu", [], out)
+    with pytest.raises(ValueError, match="qconv2d"):
+        _native(x, 0.1, 0, w, w_scale, bias, geometry, None, "none", [], (1.0, 0, torch.int32))
+
+
+def test_conv_preferred_where_the_set_up_dominates():
+    assert native.conv_preferred((1, 64, 8, 8), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 1)
+    assert native.conv_preferred((1, 96, 16, 16), (96, 1, 3, 3), (1, 1), (1, 1), (1, 1), 96)
+    assert not native.conv_preferred((64, 64, 32, 32), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 1)
+    assert not native.conv_preferred((1, 64, 8, 8), (64, 32, 3, 3), (1, 1), (1, 1), (1, 1), 2)
+    assert not native.conv_preferred((1, 64, 8, 8, 8), (64, 64, 3, 3, 3), (1,) * 3, (1,) * 3,
+                                     (1,) * 3, 1)
+
+
+def test_not_preferred_where_fbgemm_would_saturate():
+    """fbgemm forced to AVX2 saturates u8 x s8 pairs: the conv is not chosen there, and a call
+    made anyway (a plan kept from before the change) raises rather than returning wrong
+    integers; the depthwise loop is torchquant's own and exact on AVX2."""
+    x, w, w_scale, bias, geometry = _case(16, 32, 3, 10, 1, 1, 1, 1, 1, True)
+    out = (1.0, 0, torch.float32)
+    exact = _native(x, 0.0123, 131, w, w_scale, bias, geometry, None, "none", [], out)
+    dw = _case(24, 24, 3, 10, 1, 1, 1, 24, 1, True)
+    dw_exact = _native(dw[0], 0.0123, 131, *dw[1:], None, "none", [], out)
+    native.force_isa("avx2")
+    try:
+        assert not native.conv_preferred((1, 64, 8, 8), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 1)
+        with pytest.raises(RuntimeError, match="saturate"):
+            _native(x, 0.0123, 131, w, w_scale, bias, geometry, None, "none", [], out)
+        assert torch.equal(_native(dw[0], 0.0123, 131, *dw[1:], None, "none", [], out), dw_exact)
+    finally:
+        native.force_isa("auto")
+    assert native.conv_preferred((1, 64, 8, 8), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 1)
+    assert torch.equal(_native(x, 0.0123, 131, w, w_scale, bias, geometry, None, "none", [], out),
+                       exact)

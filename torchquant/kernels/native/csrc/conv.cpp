@@ -1,0 +1,350 @@
+// Int8 2-d convolution: fbgemm's im2col GEMM (a depthwise loop of our own) for the int32
+// accumulator, then oneDNN's requantization order, so the integers equal those of
+// onednn::qconv_pointwise / qconv2d_pointwise.binary -- what torch's x86 quantized conv and
+// torchquant's oneDNN path compute on VNNI / AMX CPUs -- without their per-call set-up.
+//
+//   y = float(acc - x_zp * sum_k w[k, c]) * (x_scale * w_scale[c]) + bias[c]
+//       [+ (float(other) - other_zp) * other_scale] [relu | hardtanh(lo, hi)]
+//   out = clamp(round_half_even(y * (1 / out_scale) + out_zp), 0, 255)   (or y as float32)
+//
+// Activations are uint8 channels-last, weights int8 with zero point 0.  The weight is packed
+// once per (weight storage, instruction set) and cached beside it.  fbgemm's AVX2 kernels
+// saturate int16 pairs of products; the Python side uses this op only where they are exact.
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/StorageImpl.h>
+
+#include <fbgemm/Fbgemm.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace torchquant_native {
+
+bool fbgemm_exact_u8();  // fbgemm_linear.cpp
+std::string fbgemm_isa();
+
+namespace {
+
+enum class Unary { kNone, kRelu, kHardtanh };
+
+// A conv weight as the kernels read it.
+struct ConvPack {
+  explicit ConvPack(c10::weak_intrusive_ptr<c10::StorageImpl> s) : storage(std::move(s)) {}
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;  // the weight it was made from
+  int64_t version = -1;
+  fbgemm::inst_set_t isa = fbgemm::inst_set_t::anyarch;
+  std::vector<int64_t> sizes;
+  std::unique_ptr<fbgemm::PackBMatrix<int8_t>> gemm;  // groups == 1: B^T is [OC, KH*KW*IC]
+  std::vector<int32_t> col_sums;                      // groups == 1: sum of each channel's taps
+  std::vector<int32_t> taps;                          // depthwise: [KH * KW][C]
+};
+
+std::mutex cache_mutex;
+std::unordered_map<const void*, std::shared_ptr<ConvPack>> cache;
+
+// Inference tensors keep no version counter: like a weight prepacked for oneDNN (what torch's
+// quantized modules hold), their pack does not see later in-place writes to them.
+int64_t weight_version(const at::Tensor& w) {
+  return w.is_inference() ? -2 : static_cast<int64_t>(w._version());
+}
+
+bool pack_matches(const ConvPack& p, const at::Tensor& w) {
+  auto alive = p.storage.lock();
+  return alive && alive.get() == w.storage().unsafeGetStorageImpl() &&
+         p.version == weight_version(w) &&
+         p.isa == fbgemm::fbgemmInstructionSet() && p.sizes == w.sizes().vec();
+}
+
+std::shared_ptr<ConvPack> make_pack(const at::Tensor& weight, bool depthwise) {
+  auto pack = std::make_shared<ConvPack>(weight.storage().getWeakStorageImpl());
+  pack->version = weight_version(weight);
+  pack->isa = fbgemm::fbgemmInstructionSet();
+  pack->sizes = weight.sizes().vec();
+  const int64_t OC = weight.size(0), KH = weight.size(2), KW = weight.size(3);
+  if (depthwise) {
+    // [C, 1, KH, KW] -> [KH * KW][C]
+    auto t = weight.reshape({OC, KH * KW}).t().contiguous().to(at::kInt);
+    pack->taps.assign(t.data_ptr<int32_t>(), t.data_ptr<int32_t>() + t.numel());
+    return pack;
+  }
+  // fbgemm's im2col orders the reduction as (kh, kw, ic): B^T is the weight in KRSC order
+  auto krsc = weight.permute({0, 2, 3, 1}).contiguous();
+  const int64_t K = krsc.numel() / OC;
+  pack->gemm = std::make_unique<fbgemm::PackBMatrix<int8_t>>(
+      fbgemm::matrix_op_t::Transpose, static_cast<int32_t>(K), static_cast<int32_t>(OC),
+      krsc.data_ptr<int8_t>(), static_cast<int32_t>(K), nullptr, 1);
+  auto sums = krsc.reshape({OC, K}).sum(1, /*keepdim=*/false, at::kInt);
+  pack->col_sums.assign(sums.data_ptr<int32_t>(), sums.data_ptr<int32_t>() + OC);
+  return pack;
+}
+
+std::shared_ptr<ConvPack> cached_pack(const at::Tensor& weight, bool depthwise) {
+  const void* key = weight.data_ptr();
+  std::lock_guard<std::mutex> guard(cache_mutex);
+  auto it = cache.find(key);
+  if (it != cache.end() && pack_matches(*it->second, weight)) return it->second;
+  if (cache.size() >= 256) {  // drop the packs of freed weights
+    for (auto e = cache.begin(); e != cache.end();) {
+      e = e->second->storage.expired() ? cache.erase(e) : std::next(e);
+    }
+  }
+  auto pack = make_pack(weight, depthwise);
+  cache[key] = pack;
+  return pack;
+}
+
+// The requantization of one row of `n` channels (oneDNN's order; see the file comment).
+struct Epilogue {
+  const float* comb;        // x_scale * w_scale[c] (split: w_scale[c])
+  float split_x_scale;      // depthwise: oneDNN's kernel scales by x_scale, then by w_scale[c]
+  const int32_t* zp_corr;   // x_zp * col_sums[c] (or zeros)
+  const float* bias;        // or nullptr
+  const uint8_t* other;     // same layout as the output, or nullptr
+  float other_scale;
+  float other_zp;
+  Unary unary;
+  float lo, hi;
+  bool out_u8;
+  float inv_out;
+  float out_zp;
+};
+
+inline float finish(const Epilogue& e, float y, float addend) {
+  if (e.other) y += addend;
+  if (e.unary == Unary::kRelu) y = std::max(y, 0.0f);
+  if (e.unary == Unary::kHardtanh) y = std::min(std::max(y, e.lo), e.hi);
+  return y;
+}
+
+__attribute__((target("avx2,fma"))) void epilogue_row(const Epilogue& e, const int32_t* acc,
+                                                      int64_t row, int64_t n, void* out) {
+  const uint8_t* other = e.other ? e.other + row * n : nullptr;
+  float* out_f = e.out_u8 ? nullptr : static_cast<float*>(out) + row * n;
+  uint8_t* out_q = e.out_u8 ? static_cast<uint8_t*>(out) + row * n : nullptr;
+  acc += row * n;
+  int64_t c = 0;
+  const __m256 vinv = _mm256_set1_ps(e.inv_out), vzp = _mm256_set1_ps(e.out_zp);
+  const __m256 vos = _mm256_set1_ps(e.other_scale), vozp = _mm256_set1_ps(e.other_zp);
+  const __m256 vlo = _mm256_set1_ps(e.unary == Unary::kRelu ? 0.0f : e.lo);
+  const __m256 vhi = _mm256_set1_ps(e.hi);
+  const __m256 vmin = _mm256_set1_ps(0.0f), vmax = _mm256_set1_ps(255.0f);
+  for (; c + 8 <= n; c += 8) {
+    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc + c));
+    a = _mm256_sub_epi32(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(e.zp_corr + c)));
+    __m256 y = _mm256_cvtepi32_ps(a);
+    if (e.split_x_scale != 0.0f) y = _mm256_mul_ps(y, _mm256_set1_ps(e.split_x_scale));
+    y = _mm256_mul_ps(y, _mm256_loadu_ps(e.comb + c));
+    if (e.bias) y = _mm256_add_ps(y, _mm256_loadu_ps(e.bias + c));
+    if (other) {
+      __m128i o8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(other + c));
+      __m256 o = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(o8));
+      y = _mm256_add_ps(y, _mm256_mul_ps(_mm256_sub_ps(o, vozp), vos));
+    }
+    if (e.unary != Unary::kNone) y = _mm256_max_ps(y, vlo);
+    if (e.unary == Unary::kHardtanh) y = _mm256_min_ps(y, vhi);
+    if (!out_q) {
+      _mm256_storeu_ps(out_f + c, y);
+      continue;
+    }
+    __m256 q = _mm256_add_ps(_mm256_mul_ps(y, vinv), vzp);
+    q = _mm256_round_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm256_min_ps(_mm256_max_ps(q, vmin), vmax);
+    __m256i qi = _mm256_cvtps_epi32(q);
+    __m128i lo = _mm256_castsi256_si128(qi), hi = _mm256_extracti128_si256(qi, 1);
+    __m128i w16 = _mm_packus_epi32(lo, hi);
+    __m128i b8 = _mm_packus_epi16(w16, w16);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out_q + c), b8);
+  }
+  for (; c < n; ++c) {
+    float y = static_cast<float>(acc[c] - e.zp_corr[c]);
+    if (e.split_x_scale != 0.0f) y *= e.split_x_scale;
+    y *= e.comb[c];
+    if (e.bias) y += e.bias[c];
+    const float addend = other ? (static_cast<float>(other[c]) - e.other_zp) * e.other_scale : 0.f;
+    y = finish(e, y, addend);
+    if (!out_q) {
+      out_f[c] = y;
+    } else {
+      float q = std::nearbyint(y * e.inv_out + e.out_zp);
+      out_q[c] = static_cast<uint8_t>(std::min(std::max(q, 0.0f), 255.0f));
+    }
+  }
+}
+
+// Depthwise accumulators (zero point subtracted, so padding adds nothing) for output rows
+// [begin, end) of the flattened [N * OH * OW] image, C channels each.
+__attribute__((target("avx2,fma"))) void depthwise_rows(
+    const uint8_t* x, int32_t x_zp, const int32_t* taps, int64_t C, int64_t H, int64_t W,
+    int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t ph,
+    int64_t pw, int64_t dh, int64_t dw, int64_t begin, int64_t end, int32_t* acc) {
+  for (int64_t r = begin; r < end; ++r) {
+    const int64_t n = r / (OH * OW), oh = (r / OW) % OH, ow = r % OW;
+    int32_t* a = acc + r * C;
+    std::fill(a, a + C, 0);
+    for (int64_t i = 0; i < KH; ++i) {
+      const int64_t ih = oh * sh - ph + i * dh;
+      if (ih < 0 || ih >= H) continue;
+      for (int64_t j = 0; j < KW; ++j) {
+        const int64_t iw = ow * sw - pw + j * dw;
+        if (iw < 0 || iw >= W) continue;
+        const uint8_t* src = x + ((n * H + ih) * W + iw) * C;
+        const int32_t* t = taps + (i * KW + j) * C;
+        for (int64_t c = 0; c < C; ++c) a[c] += (static_cast<int32_t>(src[c]) - x_zp) * t[c];
+      }
+    }
+  }
+}
+
+int64_t out_dim(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
+  return (in + 2 * p - d * (k - 1) - 1) / s + 1;
+}
+
+}  // namespace
+
+at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point,
+                   const at::Tensor& weight, const at::Tensor& weight_scale,
+                   const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                   at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                   const std::optional<at::Tensor>& other, double other_scale,
+                   int64_t other_zero_point, c10::string_view unary, at::ArrayRef<double> scalars,
+                   double out_scale, int64_t out_zero_point, at::ScalarType out_dtype) {
+  const char* op = "torchquant_native::qconv2d";
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kByte && x.dim() == 4, op,
+                   ": expected a 4-d uint8 activation, got ", x.scalar_type(), " ", x.sizes());
+  TORCH_CHECK_TYPE(weight.scalar_type() == at::kChar && weight.dim() == 4, op,
+                   ": expected a 4-d int8 weight, got ", weight.scalar_type(), " ",
+                   weight.sizes());
+  TORCH_CHECK_VALUE(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2, op,
+                    ": stride, padding and dilation must have 2 values each");
+  TORCH_CHECK_VALUE(out_dtype == at::kByte || out_dtype == at::kFloat, op,
+                    ": out_dtype must be uint8 or float32, got ", out_dtype);
+  const int64_t N = x.size(0), IC = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t OC = weight.size(0), KH = weight.size(2), KW = weight.size(3);
+  const bool depthwise = groups > 1 && groups == IC && OC == IC && weight.size(1) == 1;
+  TORCH_CHECK_VALUE((groups == 1 && weight.size(1) == IC) || depthwise, op,
+                    ": only groups=1 or depthwise convs, got groups=", groups, " for input ",
+                    x.sizes(), " and weight ", weight.sizes());
+  TORCH_CHECK_VALUE(weight_scale.scalar_type() == at::kFloat &&
+                    (weight_scale.numel() == 1 || weight_scale.numel() == OC), op,
+                    ": weight_scale must be float32 with 1 or ", OC, " values");
+  TORCH_CHECK_VALUE(0 <= x_zero_point && x_zero_point <= 255 && 0 <= out_zero_point &&
+                    out_zero_point <= 255, op, ": zero points must be in 0..255");
+  Unary kind = Unary::kNone;
+  float lo = 0.f, hi = 0.f;
+  if (unary == "relu") {
+    kind = Unary::kRelu;
+  } else if (unary == "hardtanh") {
+    TORCH_CHECK_VALUE(scalars.size() == 2, op, ": hardtanh takes [min, max]");
+    kind = Unary::kHardtanh;
+    lo = static_cast<float>(scalars[0]);
+    hi = static_cast<float>(scalars[1]);
+  } else {
+    TORCH_CHECK_VALUE(unary == "none" || unary.empty(), op, ": unknown unary post-op '",
+                      std::string(unary), "' (none, relu, hardtanh)");
+  }
+  const int64_t OH = out_dim(H, KH, stride[0], padding[0], dilation[0]);
+  const int64_t OW = out_dim(W, KW, stride[1], padding[1], dilation[1]);
+  TORCH_CHECK_VALUE(OH > 0 && OW > 0, op, ": the output would be empty for input ", x.sizes());
+  auto out = at::empty({N, OC, OH, OW}, x.options().dtype(out_dtype),
+                       at::MemoryFormat::ChannelsLast);
+  at::Tensor other_cl;
+  if (other.has_value() && other->defined()) {
+    TORCH_CHECK_VALUE(other->scalar_type() == at::kByte && other->sizes() == out.sizes(), op,
+                      ": the addend must be uint8 of the output's shape ", out.sizes());
+    other_cl = other->contiguous(at::MemoryFormat::ChannelsLast);
+  }
+  at::Tensor bias_f;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK_VALUE(bias->numel() == OC, op, ": bias must have ", OC, " values");
+    bias_f = bias->to(at::kFloat).contiguous();
+  }
+  const int64_t M = N * OH * OW;
+  if (M == 0) return out;
+  auto xc = x.contiguous(at::MemoryFormat::ChannelsLast);
+  const uint8_t* xp = xc.data_ptr<uint8_t>();
+  auto pack = cached_pack(weight, depthwise);
+  auto acc = at::empty({M, OC}, x.options().dtype(at::kInt));
+  int32_t* accp = acc.data_ptr<int32_t>();
+  const int num_tasks = at::get_num_threads();
+  if (depthwise) {
+    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+      depthwise_rows(xp, static_cast<int32_t>(x_zero_point), pack->taps.data(), OC, H, W, OH, OW,
+                     KH, KW, stride[0], stride[1], padding[0], padding[1], dilation[0],
+                     dilation[1], begin, end, accp);
+    });
+  } else {
+    // Never saturated integers: where fbgemm's u8 x s8 pairs saturate (no VNNI, or forced
+    // lower) the caller must take another kernel (torchquant.kernels.native.conv_preferred).
+    TORCH_CHECK(fbgemm_exact_u8(), op, ": fbgemm's u8 x s8 products saturate on ",
+                fbgemm_isa(), "; this conv needs VNNI (see conv_preferred)");
+    const bool pointwise = KH == 1 && KW == 1 && stride[0] == 1 && stride[1] == 1 &&
+                           padding[0] == 0 && padding[1] == 0;
+    fbgemm::conv_param_t<2> conv_p(
+        static_cast<int>(N), static_cast<int>(IC), static_cast<int>(OC),
+        {static_cast<int>(H), static_cast<int>(W)}, 1, {static_cast<int>(KH), static_cast<int>(KW)},
+        {static_cast<int>(stride[0]), static_cast<int>(stride[1])},
+        {static_cast<int>(padding[0]), static_cast<int>(padding[1]), static_cast<int>(padding[0]),
+         static_cast<int>(padding[1])},
+        {static_cast<int>(dilation[0]), static_cast<int>(dilation[1])});
+    at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
+      fbgemm::DoNothing<int32_t, int32_t> done;
+      fbgemm::memCopy<> copy(done);
+      for (int64_t task = begin; task < end; ++task) {
+        if (pointwise) {
+          fbgemm::PackAMatrix<uint8_t> packA(fbgemm::matrix_op_t::NoTranspose,
+                                             static_cast<int32_t>(M), static_cast<int32_t>(IC),
+                                             xp, static_cast<int32_t>(IC), nullptr, 1);
+          fbgemm::fbgemmPacked(packA, *pack->gemm, accp, accp, static_cast<int32_t>(OC), copy,
+                               static_cast<int>(task), num_tasks);
+        } else {
+          fbgemm::PackAWithIm2Col<uint8_t, int32_t, 2> packA(
+              conv_p, xp, nullptr, static_cast<int32_t>(x_zero_point), nullptr,
+              /*b_symmetric=*/true);
+          fbgemm::fbgemmPacked(packA, *pack->gemm, accp, accp, static_cast<int32_t>(OC), copy,
+                               static_cast<int>(task), num_tasks);
+        }
+      }
+    });
+  }
+  std::vector<float> comb(OC);
+  std::vector<int32_t> zp_corr(OC, 0);
+  const float xs = static_cast<float>(x_scale);
+  const float* ws = weight_scale.data_ptr<float>();
+  for (int64_t c = 0; c < OC; ++c) {
+    const float w_scale = ws[weight_scale.numel() == 1 ? 0 : c];
+    comb[c] = depthwise ? w_scale : xs * w_scale;
+    if (!depthwise) zp_corr[c] = static_cast<int32_t>(x_zero_point) * pack->col_sums[c];
+  }
+  Epilogue e{comb.data(), depthwise ? xs : 0.0f, zp_corr.data(), bias_f.defined() ? bias_f.data_ptr<float>() : nullptr,
+             other_cl.defined() ? other_cl.data_ptr<uint8_t>() : nullptr,
+             static_cast<float>(other_scale), static_cast<float>(other_zero_point), kind, lo, hi,
+             out_dtype == at::kByte, 1.0f / static_cast<float>(out_scale),
+             static_cast<float>(out_zero_point)};
+  void* outp = out.data_ptr();
+  at::parallel_for(0, M, std::max<int64_t>(1, 4096 / OC), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) epilogue_row(e, accp, r, OC, outp);
+  });
+  return out;
+}
+
+TORCH_LIBRARY_FRAGMENT(torchquant_native, m) {
+  m.def("qconv2d(Tensor x, float x_scale, int x_zero_point, Tensor weight, Tensor weight_scale, "
+        "Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, Tensor? other, "
+        "float other_scale, int other_zero_point, str unary, float[] scalars, float out_scale, "
+        "int out_zero_point, ScalarType out_dtype) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(torchquant_native, CPU, m) {
+  m.impl("qconv2d", &torchquant_native::qconv2d);
+}
+
+}  // namespace torchquant_native
