@@ -13,6 +13,7 @@ from torch._inductor.utils import run_and_get_code
 
 import torchquant
 import torchquant.kernels.linear as klinear
+from torchquant.kernels import native
 from torchquant.quantization.quantize_pt2e import convert_pt2e, prepare_pt2e
 from torchquant.quantization.quantizer.x86_inductor_quantizer import (
     X86InductorQuantizer, get_default_x86_inductor_quantization_config)
@@ -69,8 +70,15 @@ def _steps(a, b, scale):
     return ((a - b).abs() / scale).round()
 
 
+@pytest.fixture
+def onednn_convs(monkeypatch):
+    """Every conv to oneDNN: these small test convs would otherwise take the native conv
+    (test_small_convs_take_the_native_conv)."""
+    monkeypatch.setattr(native, "conv_preferred", lambda *args: False)
+
+
 @pytest.mark.skipif(not klinear.onednn_u8s8_exact(), reason="oneDNN u8 x s8 inexact here")
-def test_tutorial_flow_fuses_into_onednn_with_eager_integers(converted):
+def test_tutorial_flow_fuses_into_onednn_with_eager_integers(converted, onednn_convs):
     x = torch.randn(3, 3, 8, 8)
     with torch.no_grad():
         reference = converted(x)                                   # float conv on dequantized
@@ -108,6 +116,33 @@ def test_tutorial_flow_fuses_into_onednn_with_eager_integers(converted):
     assert not inductor_config.freezing
 
 
+@pytest.mark.skipif(not (native.available() and native.exact_u8()),
+                    reason="the native conv runs where fbgemm's u8 x s8 is exact")
+def test_small_convs_take_the_native_conv(converted):
+    """Static-shape convs small enough that oneDNN's per-call set-up dominates become
+    ``torchquant_native::qconv2d`` calls (C++ through the dispatcher, no Python), the residual
+    add read from the other addend rather than summed into a copy of it.  Same integers as the
+    oneDNN-fused eager model, up to oneDNN's one-step rounding differences
+    (tests/kernels/test_native_conv.py)."""
+    x = torch.randn(3, 3, 8, 8)
+    with torch.no_grad():
+        fused_eager = torchquant.compile(converted, use_torch_compile=False)(x)
+    (pooled, logits), code = _compile_frozen(converted, x)
+    assert code.count("torchquant_native.qconv2d.default(") == 5
+    assert "qconv_pointwise" not in code and "aten.clone" not in code
+    assert "torch.ops.torchquant." not in code and "mkldnn._convolution_pointwise" not in code
+    scale = (fused_eager[0][fused_eager[0] > 0].min()).item()
+    steps = _steps(pooled, fused_eager[0], scale)
+    assert steps.max() <= 1 and (steps > 0).float().mean() < 0.001
+    torch.testing.assert_close(logits, fused_eager[1], rtol=1e-3, atol=1e-3)
+    torch._dynamo.reset()
+    with inductor_config.patch(fx_graph_cache=False), torch.no_grad():
+        again, code = run_and_get_code(torchquant.compile(copy.deepcopy(converted)), x)
+    code = "".join(code)
+    assert code.count('findSchemaOrThrow("torchquant_native::qconv2d"') == 5  # the C++ wrapper
+    assert torch.equal(again[0], pooled)
+
+
 def test_saturating_cpu_keeps_the_float_conv(converted, monkeypatch):
     """Where oneDNN's u8 x s8 products saturate (AVX2 without VNNI) the pass leaves the graph's
     float conv on dequantized values (what the eager model computes); still no Python op."""
@@ -125,7 +160,7 @@ def test_saturating_cpu_keeps_the_float_conv(converted, monkeypatch):
 
 
 @pytest.mark.skipif(not klinear.onednn_u8s8_exact(), reason="oneDNN u8 x s8 inexact here")
-def test_torchquant_compile_fuses_fx_and_eager_converted_convs():
+def test_torchquant_compile_fuses_fx_and_eager_converted_convs(onednn_convs):
     """An FX-converted (and so an eager-converted: the same torchquant::conv modules) model under
     torchquant.compile takes the frozen compile too: its convs, whose weights freezing makes
     constants, become oneDNN calls; the integers are eager's (the same oneDNN kernels)."""

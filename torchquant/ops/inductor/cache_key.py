@@ -3,8 +3,8 @@
 Inductor caches compiled graphs by the graph, torch's own source and its config; it does not
 know that torchquant lowers its ops (:mod:`.elementwise`), fuses them into oneDNN calls
 (:mod:`.fusion`) and, while it compiles an AOTInductor package, decomposes the rest
-(:mod:`.exact_decompositions`), nor that the fusion depends on the CPU (oneDNN exact or saturating, and
-``TORCHQUANT_CPU_ISA``).  Without this, a graph compiled by an older torchquant, or on the
+(:mod:`.exact_decompositions`), nor that the fusion depends on the CPU (oneDNN exact or saturating, fbgemm's instruction set for the
+native conv, and ``TORCHQUANT_CPU_ISA``).  Without this, a graph compiled by an older torchquant, or on the
 same machine with oneDNN held to a lower ISA, would be served from the cache.
 
 The key joins inductor's through its table of per-device backend passes, whose uuids every
@@ -20,6 +20,7 @@ from typing import Any, Optional
 import torch
 
 from ...kernels import linear as _klinear
+from ...kernels import native as _native
 from . import exact_decompositions
 
 __all__ = ["register", "uuid"]
@@ -43,7 +44,8 @@ def uuid() -> str:
         exact = _klinear.onednn_u8s8_exact()
     cpu = (f"onednn_exact={exact};TORCHQUANT_CPU_ISA={os.environ.get('TORCHQUANT_CPU_ISA', '')};"
            f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '')};"
-           f"packaging={exact_decompositions.is_packaging()}")
+           f"packaging={exact_decompositions.is_packaging()};native={_native.describe()};"
+           f"native_exact={_native.available() and _native.exact_u8()}")
     return get_hash_for_files(_sources(), extra=cpu).hex()
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import threading
 from typing import Any, Iterator, Optional
 
 import torch
@@ -46,15 +45,13 @@ from ...kernels import elementwise as _kelementwise
 from ...kernels import linear as _klinear
 from ...kernels.reference import add_formula
 from .._library import traced
-from . import fusion
+from . import fusion, packaging_state
+from .packaging_state import is_packaging
 
 __all__ = ["register", "decompositions_by_op", "packaging", "is_packaging",
            "onednn_int8_exact"]
 
 _UINT8_SHIFT = 128  # uint8 codes - 128 are int8, which torch._int_mm multiplies
-
-_packaging_lock = threading.Lock()
-_packaging_depth = [0]
 
 
 @contextlib.contextmanager
@@ -66,18 +63,18 @@ def packaging(graph: torch.fx.Graph) -> Iterator[None]:
     refuses an op that has a table entry and still falls back, so an op has an entry only
     where every call of it in ``graph`` is covered (and none outside a package compile:
     ``torch.compile`` runs the ops as they are)."""
-    with _packaging_lock:
-        if _packaging_depth[0] == 0:
+    with packaging_state.lock:
+        if packaging_state.depth[0] == 0:
             entries = _table_entries(graph)
             for table in _inductor_tables():
                 table.update(entries)
-        _packaging_depth[0] += 1
+        packaging_state.depth[0] += 1
     try:
         yield
     finally:
-        with _packaging_lock:
-            _packaging_depth[0] -= 1
-            if _packaging_depth[0] == 0:
+        with packaging_state.lock:
+            packaging_state.depth[0] -= 1
+            if packaging_state.depth[0] == 0:
                 for table in _inductor_tables():
                     for op in decompositions_by_op():
                         table.pop(op, None)
@@ -89,10 +86,6 @@ def _inductor_tables() -> tuple[dict, ...]:
     added to the table after that compile alone would never be seen)."""
     from torch._inductor import decomposition
     return decomposition.decompositions, decomposition.fast_random_decomps()
-
-
-def is_packaging() -> bool:
-    return _packaging_depth[0] > 0
 
 
 def onednn_int8_exact() -> bool:

@@ -14,7 +14,10 @@ in-place sum into a copy of the other addend; not where that addend is the conv'
 which oneDNN would overwrite while reading) / ``qlinear_pointwise`` on the integers, the weight
 prepacked here, once, from the frozen constants.  Without a quantize after it the call writes
 float32.  ``torchquant::conv`` nodes whose weights are frozen constants (an exported eager- or
-FX-converted model) become the oneDNN call their eager kernel makes.  The weight dequantizes
+FX-converted model) become the oneDNN call their eager kernel makes.  Small 2-d convs (static
+shapes; :func:`torchquant.kernels.native.conv_preferred`) call torchquant's native conv
+instead, same integers without oneDNN's per-call set-up; never in an AOTInductor package, which
+must run without torchquant.  The weight dequantizes
 left unfused are folded to float constants (torch's own folding is told to leave them, so the
 int8 weights are still there when the pass runs).
 
@@ -36,6 +39,8 @@ from torch import fx
 
 from ..._graph import fresh_attr_name, get_attr_value
 from ...kernels import linear as _klinear
+from ...kernels import native as _native
+from .packaging_state import is_packaging
 
 __all__ = ["register"]
 
@@ -182,6 +187,8 @@ def _replace(old: fx.Node, target: Any, args: tuple, example: torch.Tensor) -> N
         new = old.graph.call_function(target, args)
     new.meta.update(old.meta)
     new.meta["val"] = example
+    # the replaced op's recorded eager inputs would be matched against the new op's schema
+    new.meta.pop("eager_input_vals", None)
     old.replace_all_uses_with(new)
 
 
@@ -199,6 +206,49 @@ def _static_shape(node: Any) -> Optional[list[int]]:
     return [int(d) for d in val.shape]
 
 
+def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: float,
+               x_zp: int, w: torch.Tensor, w_scale: torch.Tensor, w_zp: torch.Tensor,
+               bias: Optional[torch.Tensor], geometry: tuple, other: Optional[tuple],
+               unary: str, scalars: list, out: Optional[tuple[float, int]]) -> None:
+    """Replace ``node`` .. ``last`` by one int8 conv call: torchquant's native conv where it is
+    faster (:func:`torchquant.kernels.native.conv_preferred`; never in a package, which must
+    run without torchquant), else oneDNN's with the weight prepacked here.  ``other``: the
+    (uint8 node, scale, zero point) added before ``unary``; ``out``: the output's quint8
+    qparams, None for float32."""
+    stride, padding, dilation, groups = geometry
+    out_scale, out_zp, out_dtype = (*out, torch.uint8) if out else (1.0, 0, torch.float32)
+    fake = _fake_like(last.meta["val"], out_dtype, torch.channels_last)
+    bias_node = None if bias is None else g.constant(bias.to(torch.float32), node, "bias")
+    x_shape = _static_shape(q_x)
+    if (not is_packaging() and x_shape is not None
+            and not bool(w_zp.any())
+            and _native.conv_preferred(x_shape, w.shape, stride, padding, dilation, groups)):
+        addend = (None, 1.0, 0) if other is None else other
+        args = (q_x, x_scale, x_zp, g.constant(w.contiguous(), node, "conv_weight"),
+                g.constant(w_scale, node, "weight_scale"), bias_node, *geometry, *addend,
+                unary, scalars, out_scale, out_zp, out_dtype)
+        _replace(last, torch.ops.torchquant_native.qconv2d.default, args, fake)
+        return
+    packed = torch.ops.onednn.qconv_prepack(w.contiguous(), w_scale, x_scale, x_zp, *geometry,
+                                            x_shape)
+    head = (q_x, x_scale, x_zp, g.constant(packed, node, "packed_conv_weight"),
+            g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"))
+    if other is None:
+        args = (*head, bias_node, *geometry, out_scale, out_zp, out_dtype, unary, scalars, "")
+        _replace(last, torch.ops.onednn.qconv_pointwise.default, args, fake)
+        return
+    # oneDNN sums into its accumulator operand in place: give it a channels-last copy of the
+    # other addend's integers (as the eager op does), the graph's tensor stays unchanged
+    q_other, other_scale, other_zp = other
+    with node.graph.inserting_before(last):
+        accum = node.graph.call_function(aten.clone.default, (q_other,),
+                                         {"memory_format": torch.channels_last})
+    accum.meta["val"] = _fake_like(q_other.meta["val"], torch.uint8, torch.channels_last)
+    args = (*head, accum, bias_node, *geometry, out_scale, out_zp, out_dtype, other_scale,
+            other_zp, "sum", 1.0, unary, scalars, "")
+    _replace(last, torch.ops.onednn.qconv2d_pointwise.binary, args, fake)
+
+
 def _fuse_conv(g: _Graph, node: fx.Node) -> bool:
     x_arg, w_arg, b_arg, stride, padding, dilation, transposed, _, groups = node.args[:9]
     if transposed or len(stride) != 2:
@@ -209,37 +259,14 @@ def _fuse_conv(g: _Graph, node: fx.Node) -> bool:
     if act is None or weight is None or (b_arg is not None and bias is None):
         return False
     q_x, x_scale, x_zp = act
-    w, w_scale, w_zp = weight
     tail = _Tail(node, allow_add=True)
     if tail.other is not None and (tail.out is None or tail.other[0] is q_x):
         # a float add, or the sum's accumulator would be the conv's own input (inductor
         # reuses the accumulator's copy in place once its source is dead): fuse the conv only
         tail = _Tail(node, allow_add=False)
-    packed = torch.ops.onednn.qconv_prepack(w, w_scale, x_scale, x_zp, list(stride),
-                                            list(padding), list(dilation), groups,
-                                            _static_shape(q_x))
-    gm_nodes = (g.constant(packed, node, "packed_conv_weight"),
-                g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"))
-    bias_node = None if bias is None else g.constant(bias.to(torch.float32), node, "bias")
     geometry = (list(stride), list(padding), list(dilation), groups)
-    out_scale, out_zp, out_dtype = ((*tail.out, torch.uint8) if tail.out
-                                    else (1.0, 0, torch.float32))
-    fake = _fake_like(tail.last.meta["val"], out_dtype, torch.channels_last)
-    if tail.other is None:
-        args = (q_x, x_scale, x_zp, *gm_nodes, bias_node, *geometry, out_scale, out_zp,
-                out_dtype, tail.unary, tail.scalars, "")
-        _replace(tail.last, torch.ops.onednn.qconv_pointwise.default, args, fake)
-        return True
-    # oneDNN sums into its accumulator operand in place: give it a channels-last copy of the
-    # other addend's integers (as the eager op does), the graph's tensor stays unchanged
-    q_other, other_scale, other_zp = tail.other
-    with node.graph.inserting_before(tail.last):
-        accum = node.graph.call_function(aten.clone.default, (q_other,),
-                                         {"memory_format": torch.channels_last})
-    accum.meta["val"] = _fake_like(q_other.meta["val"], torch.uint8, torch.channels_last)
-    args = (q_x, x_scale, x_zp, *gm_nodes, accum, bias_node, *geometry, out_scale, out_zp,
-            out_dtype, other_scale, other_zp, "sum", 1.0, tail.unary, tail.scalars, "")
-    _replace(tail.last, torch.ops.onednn.qconv2d_pointwise.binary, args, fake)
+    _emit_conv(g, node, tail.last, q_x, x_scale, x_zp, *weight, bias, geometry, tail.other,
+               tail.unary, tail.scalars, tail.out)
     return True
 
 
@@ -259,7 +286,7 @@ def _op_arguments(node: fx.Node) -> dict[str, Any]:
 
 def _fuse_torchquant_conv(g: _Graph, node: fx.Node) -> bool:
     """``torchquant::conv`` (what eager- and FX-converted modules, and lowered PT2E graphs,
-    call) as the oneDNN call its eager kernel makes, the weight prepacked at freezing."""
+    call) as the int8 call its eager kernel makes, the weight prepacked at freezing."""
     a = _op_arguments(node)
     x = a["x"]
     w = _constant(g.gm, a["weight"])
@@ -277,27 +304,12 @@ def _fuse_torchquant_conv(g: _Graph, node: fx.Node) -> bool:
     w_scale = scale.to(torch.float32).reshape(-1).expand(channels).contiguous()
     w_zp = zp.to(torch.int64).reshape(-1).expand(channels).contiguous()
     geometry = (list(a["stride"]), list(a["padding"]), list(a["dilation"]), a["groups"])
-    packed = torch.ops.onednn.qconv_prepack(w.contiguous(), w_scale, float(a["x_scale"]),
-                                            int(a["x_zero_point"]), *geometry, _static_shape(x))
-    weight_nodes = (g.constant(packed, node, "packed_conv_weight"),
-                    g.constant(w_scale, node, "weight_scale"),
-                    g.constant(w_zp, node, "weight_zp"))
-    bias_node = None if bias is None else g.constant(bias.to(torch.float32), node, "bias")
-    head = (x, float(a["x_scale"]), int(a["x_zero_point"]), *weight_nodes)
-    out = (float(a["out_scale"]), int(a["out_zero_point"]), torch.uint8)
-    fake = _fake_like(node.meta["val"], torch.uint8, torch.channels_last)
-    if other is None:
-        _replace(node, torch.ops.onednn.qconv_pointwise.default,
-                 (*head, bias_node, *geometry, *out, post_op, [], ""), fake)
-        return True
-    with node.graph.inserting_before(node):
-        accum = node.graph.call_function(aten.clone.default, (other,),
-                                         {"memory_format": torch.channels_last})
-    accum.meta["val"] = _fake_like(other.meta["val"], torch.uint8, torch.channels_last)
-    args = (*head, accum, bias_node, *geometry, *out, float(a["other_scale"]),
-            int(a["other_zero_point"]), "sum", 1.0,
-            "relu" if post_op == "add_relu" else "none", [], "")
-    _replace(node, torch.ops.onednn.qconv2d_pointwise.binary, args, fake)
+    addend = (None if other is None
+              else (other, float(a["other_scale"]), int(a["other_zero_point"])))
+    unary = "relu" if post_op in ("relu", "add_relu") else "none"
+    _emit_conv(g, node, node, x, float(a["x_scale"]), int(a["x_zero_point"]), w, w_scale, w_zp,
+               bias, geometry, addend, unary, [],
+               (float(a["out_scale"]), int(a["out_zero_point"])))
     return True
 
 
