@@ -11,6 +11,8 @@
   (``x & 127`` and ``x >> 7``; the second scattered from its few nonzero positions where it
   is sparse, :mod:`.sparse_correction`) with float output, the post-op and one
   requantization, still returned channels-last.
+  Small 2-d convs (:func:`.native.conv_preferred`: where oneDNN's per-call set-up outweighs
+  its kernel) run torchquant's native conv instead, bound the same way (:func:`_native_plan`).
 * ``reference`` -- dequantize, float ``conv``, post-op, quantize (the numerics contract);
   contiguous output.  Also the only path for transposed convolution, for asymmetric weights,
   and where oneDNN is missing (non-x86 builds, CUDA).
@@ -26,6 +28,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from . import native as _native
 from . import sparse_correction as _sparse
 from .registry import get, register
 from .. import affine
@@ -245,7 +248,7 @@ def quantized_conv(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: P
     op = "quantized_conv"
     key = call_key(x_int, x_scale, x_zp, stride, padding, dilation, groups, out_scale, out_zp,
                     post_op, negative_slope, other_scale, other_zero_point,
-                    None if other is None else (other.dtype, other.shape))
+                    None if other is None else (other.dtype, other.shape), _native_isa())
     plan = packed.plans.get(key) if key is not None else None
     if plan is not None:  # this exact call was checked before
         return plan(x_int, other)
@@ -276,8 +279,14 @@ def cached_conv_plan(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
     packed geometry, no added ``other`` -- as ``plan(x_int, None)``; None where it has none
     (not yet called, another kernel, tracing).  Eager modules keep it under a cheaper key."""
     key = call_key(x_int, x_scale, x_zp, packed.stride, packed.padding, packed.dilation,
-                    packed.groups, out_scale, out_zp, post_op, negative_slope, 1.0, 0, None)
+                    packed.groups, out_scale, out_zp, post_op, negative_slope, 1.0, 0, None,
+                    _native_isa())
     return None if key is None else packed.plans.get(key)
+
+
+def _native_isa() -> Optional[str]:
+    """fbgemm's instruction set now (a plan may bind the native conv, exact on some only)."""
+    return _native.isa() if _native.available() else None
 
 
 def _float_conv_reference(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
@@ -359,12 +368,43 @@ def _subsampled(x: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
 def _onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedConvWeight,
                  out_scale: Scalar, out_zp: Scalar, post_op: PostOp,
                  other: Optional[torch.Tensor]) -> _Plan:
+    native = _native_plan(x, x_scale, x_zp, packed, out_scale, out_zp, post_op, other)
+    if native is not None:
+        return native
     if _strided_pointwise(packed) and not onednn_u8s8_exact():
         stride = packed.stride
         inner = _onednn_plan_unit(_subsampled(x, stride), x_scale, x_zp,
                                   _unit_stride_twin(packed), out_scale, out_zp, post_op, other)
         return lambda x_int, other: inner(_subsampled(x_int, stride), other)
     return _onednn_plan_unit(x, x_scale, x_zp, packed, out_scale, out_zp, post_op, other)
+
+
+def _native_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedConvWeight,
+                 out_scale: Scalar, out_zp: Scalar, post_op: PostOp,
+                 other: Optional[torch.Tensor]) -> Optional[_Plan]:
+    """torchquant's native conv (``torchquant_native::qconv2d``) bound like a oneDNN plan, where
+    it beats oneDNN's call (:func:`.native.conv_preferred`: small 2-d convs on a CPU whose
+    products are exact) and fuses the post-op (ReLU; the adds, reading ``other`` without a
+    copy); None elsewhere.  oneDNN's requantization order: the same integers up to its one-step
+    rounding differences (tests/kernels/test_native_conv.py)."""
+    if (packed.spatial_dims != 2 or packed.onednn_weight is None
+            or not _native.conv_preferred(x.shape, packed.weight.shape, packed.stride,
+                                          packed.padding, packed.dilation, packed.groups)):
+        return None
+    if post_op.name in ("none", "relu"):
+        unary = post_op.name
+    elif post_op.adds and other is not None and other.dtype == torch.uint8:
+        unary = "relu" if post_op.relu else "none"
+    else:
+        return None
+    conv = torch.ops.torchquant_native.qconv2d.default
+    head = (float(x_scale), int(x_zp), packed.weight, packed.channel_scale, packed.bias,
+            list(packed.stride), list(packed.padding), list(packed.dilation), packed.groups)
+    tail = (unary, [], float(out_scale), int(out_zp), torch.uint8)
+    if not post_op.adds:
+        return lambda x_int, _: conv(x_int, *head, None, 1.0, 0, *tail)
+    other_qparams = (float(post_op.other_scale), int(post_op.other_zero_point))
+    return lambda x_int, other: conv(x_int, *head, other, *other_qparams, *tail)
 
 
 def _onednn_plan_unit(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedConvWeight,
