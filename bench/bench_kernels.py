@@ -147,6 +147,8 @@ def small_conv_cases(timing: dict) -> list:
     """torchquant's native conv against the oneDNN call the compiled graph makes otherwise (both
     at op level, weights prepacked / cached) and torch.ao's op, u8 out."""
     import torch.ao.nn.quantized as nnq
+    from torchquant.kernels import native
+    assert native.available(), native.describe()   # loads torch.ops.torchquant_native
     rows = []
     for batch in SMALL_CONV_BATCHES:
         for cin, cout, size, ksize, stride, groups in SMALL_CONV_SHAPES:

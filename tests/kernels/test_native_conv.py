@@ -22,7 +22,8 @@ qconv2d = torch.ops.torchquant_native.qconv2d
 # in, out, kernel, size, stride, padding, dilation, groups
 SHAPES = [(16, 32, 3, 10, 1, 1, 1, 1), (32, 48, 3, 9, 2, 1, 1, 1), (64, 64, 1, 8, 1, 0, 1, 1),
           (32, 64, 1, 8, 2, 0, 1, 1), (3, 16, 3, 16, 1, 1, 1, 1), (8, 16, 5, 11, 1, 2, 2, 1),
-          (24, 24, 3, 10, 1, 1, 1, 24), (48, 48, 3, 11, 2, 1, 1, 48), (16, 16, 3, 9, 1, 2, 2, 16)]
+          (24, 24, 3, 10, 1, 1, 1, 24), (48, 48, 3, 11, 2, 1, 1, 48), (16, 16, 3, 9, 1, 2, 2, 16),
+          (20, 20, 5, 9, 2, 2, 1, 20)]   # depthwise: 20 channels (8-wide blocks and a tail)
 
 
 def _case(cin, cout, k, size, stride, pad, dil, groups, batch, per_channel, seed=0):

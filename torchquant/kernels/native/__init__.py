@@ -178,7 +178,7 @@ def conv_output_size(size: Any, kernel: int, stride: int, padding: int, dilation
 # "Small Conv2d"): below these sizes oneDNN's per-call set-up outweighs its faster kernel.
 _CONV_MAX_ROWS = 1024               # output pixels (batch x height x width)
 _CONV_MAX_MACS = 20_000_000         # rows x (in / groups x kernel) x out channels
-_CONV_MAX_DEPTHWISE = 50_000        # depthwise: rows x channels
+_CONV_MAX_DEPTHWISE = 40_000        # depthwise: rows x channels
 
 
 def conv_preferred(x_shape: Sequence[int], weight_shape: Sequence[int], stride: Sequence[int],
