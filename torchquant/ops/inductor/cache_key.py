@@ -3,9 +3,10 @@
 Inductor caches compiled graphs by the graph, torch's own source and its config; it does not
 know that torchquant lowers its ops (:mod:`.elementwise`), fuses them into oneDNN calls
 (:mod:`.fusion`) and, while it compiles an AOTInductor package, decomposes the rest
-(:mod:`.exact_decompositions`), nor that the fusion depends on the CPU (oneDNN exact or saturating, fbgemm's instruction set for the
-native conv, and ``TORCHQUANT_CPU_ISA``).  Without this, a graph compiled by an older torchquant, or on the
-same machine with oneDNN held to a lower ISA, would be served from the cache.
+(:mod:`.exact_decompositions`), nor that the fusion depends on the CPU (oneDNN exact or
+saturating, fbgemm's instruction set for the native conv and where that conv is preferred,
+``TORCHQUANT_CPU_ISA``).  Without this, a graph compiled by an older torchquant, or on the same
+machine with oneDNN held to a lower ISA, would be served from the cache.
 
 The key joins inductor's through its table of per-device backend passes, whose uuids every
 cache key includes: an entry under a device name no tensor has, so it never runs.  No
@@ -31,7 +32,8 @@ _DEVICE = "torchquant_cache_key"  # a key of inductor's table only: no tensor li
 def _sources() -> tuple[str, ...]:
     package = Path(__file__).resolve().parents[2]
     here = Path(__file__).resolve().parent
-    files = sorted(here.glob("*.py")) + [package / "affine.py", package / "dtypes.py"]
+    files = sorted(here.glob("*.py")) + [package / "affine.py", package / "dtypes.py",
+                                         package / "kernels" / "native" / "__init__.py"]
     return tuple(str(f) for f in files)
 
 
