@@ -182,3 +182,37 @@ def test_not_preferred_where_fbgemm_would_saturate():
     assert native.conv_preferred((1, 64, 8, 8), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 1)
     assert torch.equal(_native(x, 0.0123, 131, w, w_scale, bias, geometry, None, "none", [], out),
                        exact)
+
+
+def test_eager_conv_plans_bind_the_native_conv(monkeypatch):
+    """kernels.conv.quantized_conv (what the eager modules call) takes the native conv for a
+    small conv, with the post-op and the add fused; with it turned off, oneDNN's call gives the
+    same integers up to its one-step rounding differences."""
+    from torchquant.kernels import conv as kconv
+    from torchquant.kernels.linear import PostOp
+    x, w, w_scale, bias, (stride, padding, dilation, groups) = _case(16, 32, 3, 10, 1, 1, 1, 1, 1,
+                                                                     True)
+    packed = kconv.pack_conv_weight(w, w_scale.double(), torch.zeros(32, dtype=torch.long), 0,
+                                    bias, stride, padding, dilation, groups)
+    other = torch.randint(0, 256, (1, 32, 10, 10), dtype=torch.uint8)
+    assert kconv._native_plan(x, 0.0123, 131, packed, 0.5, 10, PostOp("relu"), None) is not None
+
+    def run():
+        plain = kconv.quantized_conv(x, 0.0123, 131, packed, stride, padding, dilation, groups,
+                                     0.5, 10, "relu")
+        added = kconv.quantized_conv(x, 0.0123, 131, packed, stride, padding, dilation, groups,
+                                     0.5, 10, "add_relu", other=other, other_scale=0.2,
+                                     other_zero_point=9)
+        return plain, added
+
+    native_out = run()
+    geometry = ([1, 1], [1, 1], [1, 1], 1)
+    direct = _native(x, 0.0123, 131, w, w_scale, bias, geometry, None, "relu", [],
+                     (0.5, 10, torch.uint8))
+    assert torch.equal(native_out[0], direct)
+    monkeypatch.setattr(native, "conv_preferred", lambda *args: False)
+    packed.plans.clear()
+    onednn_out = run()
+    for a, b in zip(native_out, onednn_out):
+        assert (a.int() - b.int()).abs().max() <= 1
+        assert (a != b).float().mean() < 1e-3
