@@ -119,11 +119,12 @@ def test_noncontiguous_input_and_addend_are_read_as_they_are():
     nchw = _native(x.contiguous(), 0.0123, 131, w, w_scale, bias, geometry, None, "none", [], out)
     assert torch.equal(channels_last, nchw)
     other = torch.randint(0, 256, nchw.shape, dtype=torch.uint8)
+    before = other.clone()
     a = _native(x, 0.0123, 131, w, w_scale, bias, geometry, (other, 0.2, 9), "none", [], out)
     b = _native(x, 0.0123, 131, w, w_scale, bias, geometry,
                 (other.contiguous(memory_format=torch.channels_last), 0.2, 9), "none", [], out)
     assert torch.equal(a, b)
-    assert torch.equal(other, other.clone())   # the addend is read, not summed into
+    assert torch.equal(other, before)   # the addend is read, not summed into
 
 
 def test_weight_changed_in_place_is_repacked():

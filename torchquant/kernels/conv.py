@@ -218,7 +218,8 @@ def _output_shape(x_int: torch.Tensor, packed: PackedConvWeight) -> tuple[int, .
             spatial.append((size - 1) * packed.stride[i] - 2 * packed.padding[i] + span
                            + packed.output_padding[i] + 1)
         else:
-            spatial.append((size + 2 * packed.padding[i] - span - 1) // packed.stride[i] + 1)
+            spatial.append(_native.conv_output_size(size, kernel[i], packed.stride[i],
+                                                    packed.padding[i], packed.dilation[i]))
     return (x_int.size(0), packed.out_channels, *spatial)
 
 

@@ -171,6 +171,7 @@ def pack(packed: Any) -> Any:
 
 
 def conv_output_size(size: Any, kernel: int, stride: int, padding: int, dilation: int) -> Any:
+    """One spatial size of a (non-transposed) conv's output; ``size`` may be symbolic."""
     return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
