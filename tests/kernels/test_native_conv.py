@@ -217,3 +217,86 @@ def test_eager_conv_plans_bind_the_native_conv(monkeypatch):
     for a, b in zip(native_out, onednn_out):
         assert (a.int() - b.int()).abs().max() <= 1
         assert (a != b).float().mean() < 1e-3
+
+
+# AMX-specific geometry: an unpadded 1x1 stride-1 conv read in place (rows not a multiple of the
+# 32-row block, channels not a multiple of 4), kernel rows wider than one 64-byte tile step,
+# output channels not a multiple of 32, a 7x7 stride-2 stem, 1x1 and 2x2 images (SHAPES adds a
+# dilated conv).
+AMX_SHAPES = [(5, 40, 1, 7, 1, 0, 1, 1), (96, 24, 1, 9, 1, 0, 1, 1), (48, 72, 3, 6, 1, 1, 1, 1),
+              (3, 16, 7, 19, 2, 3, 1, 1), (40, 8, 3, 5, 1, 0, 1, 1), (64, 32, 3, 1, 1, 1, 1, 1),
+              (32, 48, 3, 2, 1, 1, 1, 1)]   # the last two: im2col, the flat rows mostly padding
+
+
+@pytest.mark.skipif(not native.amx(), reason="needs AMX-INT8")
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s[-1] == 1] + AMX_SHAPES,
+                         ids=lambda s: "x".join(map(str, s)))
+def test_amx_conv_equals_the_fbgemm_conv_bit_for_bit(shape):
+    """The AMX tile GEMM and fbgemm's VNNI GEMM accumulate the same integers exactly and share
+    the requantization order: every output equal, uint8 and float, every post-op, whichever way
+    the AMX conv lays out its tiles (each layout forced where it applies)."""
+    from torchquant.kernels import cpu_isa
+    force_layout = torch.ops.torchquant_native.amx_conv_force_layout
+    for batch, post in itertools.product((1, 3), ("none", "relu", "hardtanh", "add_relu")):
+        x, w, w_scale, bias, geometry = _case(*shape, batch, True, seed=batch)
+        unary = "relu" if post == "add_relu" else post
+        scalars = [-1.5, 2.0] if unary == "hardtanh" else []
+        other = None
+        if post == "add_relu":
+            shape_out = _native(x, 0.0123, 7, w, w_scale, None, geometry, None, "none", [],
+                                (1.0, 0, torch.float32)).shape
+            other = (torch.randint(0, 256, shape_out, dtype=torch.uint8), 0.21, 100)
+
+        def run():
+            return [_native(x, 0.0123, 131, w, w_scale, bias, geometry, other, unary, scalars,
+                            out) for out in ((0.73, 60, torch.uint8), (1.0, 0, torch.float32))]
+
+        with cpu_isa.forced_cpu_isa("avx512_vnni"):
+            assert not native.amx()
+            want = run()
+        for layout in ("", "flat", "halves", "im2col"):
+            force_layout(layout)
+            try:
+                got = run()
+            finally:
+                force_layout("")
+            for g, wnt in zip(got, want):
+                assert torch.equal(g, wnt), (post, layout)
+
+
+@pytest.mark.skipif(not native.amx(), reason="needs AMX-INT8")
+def test_amx_layout_names_are_checked():
+    with pytest.raises(ValueError, match="unknown layout"):
+        torch.ops.torchquant_native.amx_conv_force_layout("diagonal")
+
+
+@pytest.mark.skipif(not native.amx(), reason="needs AMX-INT8")
+def test_amx_conv_unequal_strides_and_paddings():
+    from torchquant.kernels import cpu_isa
+    force_layout = torch.ops.torchquant_native.amx_conv_force_layout
+    x, w, w_scale, bias, _ = _case(24, 40, 3, 13, 1, 1, 1, 1, 2, True)
+    for geometry in (([2, 1], [1, 0], [1, 1], 1), ([1, 2], [0, 2], [1, 1], 1),
+                     ([1, 1], [2, 1], [1, 2], 1)):
+        args = (x, 0.0123, 131, w, w_scale, bias, geometry, None, "relu", [],
+                (0.73, 60, torch.uint8))
+        with cpu_isa.forced_cpu_isa("avx512_vnni"):
+            want = _native(*args)
+        for layout in ("", "flat", "halves", "im2col"):
+            force_layout(layout)
+            try:
+                assert torch.equal(_native(*args), want), (geometry, layout)
+            finally:
+                force_layout("")
+
+
+def test_conv_preferred_any_batch_only_on_amx():
+    """A symbolic batch takes the native conv only where its AMX GEMM runs (it keeps up with
+    oneDNN's kernel at large batches); plain convs only (the depthwise loop loses from a few
+    images on)."""
+    from torchquant.kernels import cpu_isa
+    plain = ((64, 8, 8), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 1)
+    depthwise = ((64, 8, 8), (64, 1, 3, 3), (1, 1), (1, 1), (1, 1), 64)
+    assert native.conv_preferred_any_batch(*plain) == native.amx()
+    assert not native.conv_preferred_any_batch(*depthwise)
+    with cpu_isa.forced_cpu_isa("avx512_vnni"):
+        assert not native.amx() and not native.conv_preferred_any_batch(*plain)

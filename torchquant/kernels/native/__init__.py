@@ -9,9 +9,12 @@ uint8 Linear (fbgemm's requantizing epilogue, ReLU fused), and the dynamic LSTM 
 (that dynamic Linear on the hidden state, then torch's CPU cell arithmetic, fused into a few
 passes with ATen's own sigmoid / tanh math; every step in C++).  fbgemm picks AVX2 / AVX-512 /
 VNNI kernels at run time; :func:`force_isa` forces a lower one for tests.  The int8 2-d conv
-(``csrc/conv.cpp``): fbgemm's im2col GEMM (a depthwise loop of torchquant's own) and oneDNN's
-requantization order, the integers of ``onednn::qconv_pointwise`` without its per-call set-up
-(:func:`conv_preferred` says where that wins).  Two elementwise
+(``csrc/conv.cpp``): an AMX tile GEMM of torchquant's own reading the zero-point-padded input in
+place (``csrc/amx.cpp``; Sapphire Rapids and later), else fbgemm's im2col GEMM, a depthwise
+loop of torchquant's own, and oneDNN's requantization order: the integers of
+``onednn::qconv_pointwise`` without its per-call set-up (:func:`conv_preferred` says where that
+wins).  AMX runs where the CPU has it and neither ``TORCHQUANT_CPU_ISA`` (below ``amx``) nor
+:func:`force_isa` rules it out.  Two elementwise
 loops of torchquant's own (``csrc/elementwise.cpp``, AVX2 with a scalar twin,
 :data:`VECTOR_LOOPS`): the per-tensor quantize and the quantized add, the reference formulas'
 integers in one pass.
@@ -35,7 +38,8 @@ from ..._log import emit_once
 from .. import cpu_isa
 from ..registry import implementations, register
 
-__all__ = ["available", "describe", "isa", "exact_u8", "force_isa", "pack", "conv_preferred",
+__all__ = ["available", "describe", "isa", "amx", "exact_u8", "force_isa", "pack",
+           "conv_preferred", "conv_preferred_any_batch",
            "conv_output_size", "dynamic_linear",
            "static_linear", "lstm_sequence", "gru_sequence", "quantized_add", "quantize"]
 
@@ -56,6 +60,7 @@ def _load() -> Optional[str]:
     if torch.ops.torchquant_native.fbgemm_isa() == "anyarch":
         return "this CPU has no AVX2 (fbgemm cannot run)"
     _register_fakes()
+    _apply_amx_choice()
     return None
 
 
@@ -123,12 +128,37 @@ def _require() -> None:
 
 
 def isa() -> str:
-    """The instruction set fbgemm's kernels use now ('avx2', 'avx512', 'avx512_vnni', ...)."""
+    """The instruction set the native kernels use now: fbgemm's ('avx2', 'avx512',
+    'avx512_vnni', ...), with '+amx' where the conv runs on AMX tiles."""
     current = _state.get("isa")
     if current is None:
         _require()
-        current = _state["isa"] = torch.ops.torchquant_native.fbgemm_isa()
+        current = torch.ops.torchquant_native.fbgemm_isa()
+        if amx():
+            current += "+amx"
+        _state["isa"] = current
     return current
+
+
+def amx() -> bool:
+    """Whether the native conv runs its AMX int8 tile GEMM (exact for every uint8 code)."""
+    return available() and bool(torch.ops.torchquant_native.amx_int8_active())
+
+
+def _apply_amx_choice() -> None:
+    """AMX on unless the CPU cap is below it or fbgemm is forced lower (tests of those paths)."""
+    wanted = (cpu_isa.cpu_isa_cap() in ("amx", "default")
+              and not _state.get("fbgemm_forced", False))
+    torch.ops.torchquant_native.amx_int8_enable(wanted)
+    _state.pop("isa", None)
+
+
+def _on_cap_change() -> None:
+    if _state.get("reason", "unloaded") is None:
+        _apply_amx_choice()
+
+
+cpu_isa.on_change(_on_cap_change)
 
 
 def exact_u8() -> bool:
@@ -145,10 +175,12 @@ def exact_u8() -> bool:
 
 def force_isa(name: str) -> None:
     """Force fbgemm (this process, torch.ao's fbgemm included) down to ``name`` ('avx2',
-    'avx512', 'avx512_vnni', ...) or back to 'auto'.  Packs are kept per instruction set."""
+    'avx512', 'avx512_vnni', ...; AMX off) or back to 'auto'.  Packs are kept per instruction
+    set."""
     _require()
     torch.ops.torchquant_native.fbgemm_force_isa(name)
-    _state.pop("isa", None)
+    _state["fbgemm_forced"] = name != "auto"
+    _apply_amx_choice()
     _state.pop("exact_u8", None)
 
 
@@ -176,18 +208,24 @@ def conv_output_size(size: Any, kernel: int, stride: int, padding: int, dilation
 
 
 # Where the native conv beats oneDNN's call (measured side by side: bench/bench_kernels.py,
-# "Small Conv2d"): below these sizes oneDNN's per-call set-up outweighs its faster kernel.
+# "Small Conv2d"): with fbgemm's GEMM, below these sizes, where oneDNN's per-call set-up
+# outweighs its faster kernel; with the AMX GEMM, up to convs of about batch 16 at 3x32x32
+# (beyond, oneDNN's AMX kernel pulls ahead).
 _CONV_MAX_ROWS = 1024               # output pixels (batch x height x width)
 _CONV_MAX_MACS = 20_000_000         # rows x (in / groups x kernel) x out channels
 _CONV_MAX_DEPTHWISE = 40_000        # depthwise: rows x channels
+_AMX_CONV_MAX_MACS = 300_000_000
 
 
 def conv_preferred(x_shape: Sequence[int], weight_shape: Sequence[int], stride: Sequence[int],
                    padding: Sequence[int], dilation: Sequence[int], groups: int) -> bool:
     """Whether ``torchquant_native::qconv2d`` should run this uint8 conv (static shape, int8
     weight with zero zero points): a 2-d conv, plain or depthwise, small enough that oneDNN's
-    per-call set-up dominates, on a CPU whose fbgemm products are exact (VNNI)."""
-    if len(x_shape) != 4 or len(weight_shape) != 4 or not available() or not exact_u8():
+    per-call set-up dominates, on a CPU whose native products are exact (AMX or VNNI)."""
+    if len(x_shape) != 4 or len(weight_shape) != 4 or not available():
+        return False
+    on_amx = amx()
+    if not on_amx and not exact_u8():
         return False
     n, c, h, w = x_shape
     oc, icg, kh, kw = weight_shape
@@ -200,8 +238,23 @@ def conv_preferred(x_shape: Sequence[int], weight_shape: Sequence[int], stride: 
     if rows <= 0:
         return False
     if depthwise:
-        return rows * c <= _CONV_MAX_DEPTHWISE
-    return rows <= _CONV_MAX_ROWS and rows * icg * kh * kw * oc <= _CONV_MAX_MACS
+        return rows * c <= _CONV_MAX_DEPTHWISE and exact_u8()
+    macs = rows * icg * kh * kw * oc
+    if on_amx:
+        return macs <= _AMX_CONV_MAX_MACS
+    return rows <= _CONV_MAX_ROWS and macs <= _CONV_MAX_MACS
+
+
+def conv_preferred_any_batch(image_shape: Sequence[int], weight_shape: Sequence[int],
+                             stride: Sequence[int], padding: Sequence[int],
+                             dilation: Sequence[int], groups: int) -> bool:
+    """:func:`conv_preferred` for a graph compiled with a symbolic batch (``image_shape``: the
+    activation's (channels, height, width)): on AMX, a plain conv the native conv wins at batch
+    16; at larger batches its kernel stays within about a quarter of oneDNN's, without
+    oneDNN's per-call set-up (measured in "Small Conv2d").  Elsewhere never: fbgemm's GEMM
+    loses to oneDNN's from a few images on."""
+    return (groups == 1 and amx()
+            and conv_preferred((16, *image_shape), weight_shape, stride, padding, dilation, groups))
 
 
 def _applies(x: torch.Tensor, packed: Any = None, reduce_range: bool = True, **_: Any) -> bool:

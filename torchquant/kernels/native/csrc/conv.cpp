@@ -17,10 +17,14 @@
 
 #include <fbgemm/Fbgemm.h>
 
+#include "amx.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,6 +47,8 @@ struct ConvPack {
   int64_t version = -1;
   fbgemm::inst_set_t isa = fbgemm::inst_set_t::anyarch;
   std::vector<int64_t> sizes;
+  bool amx = false;                                   // packed for the AMX GEMM
+  AmxPackedB amx_b;                                   // groups == 1 on AMX: B^T as amx.h
   std::unique_ptr<fbgemm::PackBMatrix<int8_t>> gemm;  // groups == 1: B^T is [OC, KH*KW*IC]
   std::vector<int32_t> col_sums;                      // groups == 1: sum of each channel's taps
   std::vector<int32_t> taps;                          // depthwise: [KH * KW][C]
@@ -61,14 +67,20 @@ bool pack_matches(const ConvPack& p, const at::Tensor& w) {
   auto alive = p.storage.lock();
   return alive && alive.get() == w.storage().unsafeGetStorageImpl() &&
          p.version == weight_version(w) &&
-         p.isa == fbgemm::fbgemmInstructionSet() && p.sizes == w.sizes().vec();
+         p.isa == fbgemm::fbgemmInstructionSet() && p.amx == amx_int8_active() &&
+         p.sizes == w.sizes().vec();
 }
+
+// Bytes of one kernel row's reduction (KW taps x IC channels) in the AMX pack: a multiple of
+// the tiles' 64-byte depth.
+int64_t amx_run_pitch(int64_t KW, int64_t IC) { return (KW * IC + kAmxK - 1) / kAmxK * kAmxK; }
 
 std::shared_ptr<ConvPack> make_pack(const at::Tensor& weight, bool depthwise) {
   auto pack = std::make_shared<ConvPack>(weight.storage().getWeakStorageImpl());
   pack->version = weight_version(weight);
   pack->isa = fbgemm::fbgemmInstructionSet();
   pack->sizes = weight.sizes().vec();
+  pack->amx = amx_int8_active();
   const int64_t OC = weight.size(0), KH = weight.size(2), KW = weight.size(3);
   if (depthwise) {
     // [C, 1, KH, KW] -> [KH * KW][C]
@@ -79,9 +91,18 @@ std::shared_ptr<ConvPack> make_pack(const at::Tensor& weight, bool depthwise) {
   // fbgemm's im2col orders the reduction as (kh, kw, ic): B^T is the weight in KRSC order
   auto krsc = weight.permute({0, 2, 3, 1}).contiguous();
   const int64_t K = krsc.numel() / OC;
-  pack->gemm = std::make_unique<fbgemm::PackBMatrix<int8_t>>(
-      fbgemm::matrix_op_t::Transpose, static_cast<int32_t>(K), static_cast<int32_t>(OC),
-      krsc.data_ptr<int8_t>(), static_cast<int32_t>(K), nullptr, 1);
+  if (pack->amx) {
+    // the reduction as the AMX conv reads it: per kernel row kh, the KW taps' channels as one
+    // run of KW * IC bytes (adjacent in the padded input), padded to a multiple of 64
+    const int64_t IC = weight.size(1), run = KW * IC, run_p = amx_run_pitch(KW, IC);
+    auto rows = at::zeros({OC, KH, run_p}, krsc.options());
+    rows.narrow(2, 0, run).copy_(krsc.reshape({OC, KH, run}));
+    pack->amx_b = amx_pack_b(rows.data_ptr<int8_t>(), OC, KH * run_p, KH * run_p);
+  } else {
+    pack->gemm = std::make_unique<fbgemm::PackBMatrix<int8_t>>(
+        fbgemm::matrix_op_t::Transpose, static_cast<int32_t>(K), static_cast<int32_t>(OC),
+        krsc.data_ptr<int8_t>(), static_cast<int32_t>(K), nullptr, 1);
+  }
   auto sums = krsc.reshape({OC, K}).sum(1, /*keepdim=*/false, at::kInt);
   pack->col_sums.assign(sums.data_ptr<int32_t>(), sums.data_ptr<int32_t>() + OC);
   return pack;
@@ -102,7 +123,7 @@ std::shared_ptr<ConvPack> cached_pack(const at::Tensor& weight, bool depthwise) 
   return pack;
 }
 
-// The requantization of one row of `n` channels (oneDNN's order; see the file comment).
+// The requantization of an output row (oneDNN's order; see the file comment).
 struct Epilogue {
   const float* comb;        // x_scale * w_scale[c] (split: w_scale[c])
   float split_x_scale;      // depthwise: oneDNN's kernel scales by x_scale, then by w_scale[c]
@@ -125,19 +146,20 @@ inline float finish(const Epilogue& e, float y, float addend) {
   return y;
 }
 
+// Channels [c, end) of output row `row` of `n` channels; acc points at the row's accumulators,
+// indexed by channel.
 __attribute__((target("avx2,fma"))) void epilogue_row(const Epilogue& e, const int32_t* acc,
-                                                      int64_t row, int64_t n, void* out) {
+                                                      int64_t row, int64_t n, int64_t c,
+                                                      int64_t end, void* out) {
   const uint8_t* other = e.other ? e.other + row * n : nullptr;
   float* out_f = e.out_u8 ? nullptr : static_cast<float*>(out) + row * n;
   uint8_t* out_q = e.out_u8 ? static_cast<uint8_t*>(out) + row * n : nullptr;
-  acc += row * n;
-  int64_t c = 0;
   const __m256 vinv = _mm256_set1_ps(e.inv_out), vzp = _mm256_set1_ps(e.out_zp);
   const __m256 vos = _mm256_set1_ps(e.other_scale), vozp = _mm256_set1_ps(e.other_zp);
   const __m256 vlo = _mm256_set1_ps(e.unary == Unary::kRelu ? 0.0f : e.lo);
   const __m256 vhi = _mm256_set1_ps(e.hi);
   const __m256 vmin = _mm256_set1_ps(0.0f), vmax = _mm256_set1_ps(255.0f);
-  for (; c + 8 <= n; c += 8) {
+  for (; c + 8 <= end; c += 8) {
     __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc + c));
     a = _mm256_sub_epi32(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(e.zp_corr + c)));
     __m256 y = _mm256_cvtepi32_ps(a);
@@ -164,7 +186,7 @@ __attribute__((target("avx2,fma"))) void epilogue_row(const Epilogue& e, const i
     __m128i b8 = _mm_packus_epi16(w16, w16);
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out_q + c), b8);
   }
-  for (; c < n; ++c) {
+  for (; c < end; ++c) {
     float y = static_cast<float>(acc[c] - e.zp_corr[c]);
     if (e.split_x_scale != 0.0f) y *= e.split_x_scale;
     y *= e.comb[c];
@@ -178,6 +200,84 @@ __attribute__((target("avx2,fma"))) void epilogue_row(const Epilogue& e, const i
       out_q[c] = static_cast<uint8_t>(std::min(std::max(q, 0.0f), 255.0f));
     }
   }
+}
+
+// The epilogue of a block of accumulator rows with AVX-512 (every AMX CPU has it): output row
+// rows[i] from accumulator row acc_rows[i] (ldc apart), epilogue_row's operations in the same
+// order, sixteen channels at a time with the tail masked; each channel vector's constants are
+// loaded once per block and the post-ops are compiled in.  (No depthwise split scale: AMX
+// runs only plain convs.)
+template <bool kOther, bool kU8, Unary kUnary>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void epilogue_block512_impl(
+    const Epilogue& e, const int32_t* __restrict acc, int64_t ldc,
+    const int64_t* __restrict acc_rows, const int64_t* __restrict rows, int64_t count,
+    int64_t n, int64_t c_begin, int64_t c_end, void* out) {
+  const __m512 vinv = _mm512_set1_ps(e.inv_out), vzp = _mm512_set1_ps(e.out_zp);
+  const __m512 vos = _mm512_set1_ps(e.other_scale), vozp = _mm512_set1_ps(e.other_zp);
+  const __m512 vlo = _mm512_set1_ps(kUnary == Unary::kRelu ? 0.0f : e.lo);
+  const __m512 vhi = _mm512_set1_ps(e.hi), vzero = _mm512_setzero_ps();
+  const uint8_t* __restrict other = e.other;
+  const int32_t* zp_corr = e.zp_corr;
+  const float* comb_p = e.comb;
+  const float* bias_p = e.bias;
+  for (int64_t c = c_begin; c < c_end; c += 16) {
+    const __mmask16 m = c_end - c >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (c_end - c)) - 1);
+    const __m512i zp = _mm512_maskz_loadu_epi32(m, zp_corr + c);
+    const __m512 comb = _mm512_maskz_loadu_ps(m, comb_p + c);
+    const __m512 bias = bias_p ? _mm512_maskz_loadu_ps(m, bias_p + c) : vzero;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t at = rows[i] * n + c;
+      __m512 y = _mm512_cvtepi32_ps(
+          _mm512_sub_epi32(_mm512_maskz_loadu_epi32(m, acc + acc_rows[i] * ldc + c), zp));
+      y = _mm512_mul_ps(y, comb);
+      if (bias_p) y = _mm512_add_ps(y, bias);
+      if constexpr (kOther) {
+        const __m512 o =
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, other + at)));
+        y = _mm512_add_ps(y, _mm512_mul_ps(_mm512_sub_ps(o, vozp), vos));
+      }
+      if constexpr (kUnary != Unary::kNone) y = _mm512_max_ps(y, vlo);
+      if constexpr (kUnary == Unary::kHardtanh) y = _mm512_min_ps(y, vhi);
+      if constexpr (!kU8) {
+        _mm512_mask_storeu_ps(static_cast<float*>(out) + at, m, y);
+      } else {
+        // clamp below at 0; above 255 the unsigned saturating store clamps (a value too large
+        // for int32 converts to 0x80000000, which saturates to 255 as well); NaN -> 0
+        __m512 q = _mm512_add_ps(_mm512_mul_ps(y, vinv), vzp);
+        q = _mm512_max_ps(_mm512_roundscale_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                          vzero);
+        _mm512_mask_cvtusepi32_storeu_epi8(static_cast<uint8_t*>(out) + at, m,
+                                           _mm512_cvtps_epi32(q));
+      }
+    }
+  }
+}
+
+template <bool kOther, bool kU8>
+void epilogue_block512_unary(const Epilogue& e, const int32_t* acc, int64_t ldc,
+                             const int64_t* acc_rows, const int64_t* rows, int64_t count,
+                             int64_t n, int64_t c_begin, int64_t c_end, void* out) {
+  switch (e.unary) {
+    case Unary::kNone:
+      return epilogue_block512_impl<kOther, kU8, Unary::kNone>(e, acc, ldc, acc_rows, rows,
+                                                               count, n, c_begin, c_end, out);
+    case Unary::kRelu:
+      return epilogue_block512_impl<kOther, kU8, Unary::kRelu>(e, acc, ldc, acc_rows, rows,
+                                                               count, n, c_begin, c_end, out);
+    case Unary::kHardtanh:
+      return epilogue_block512_impl<kOther, kU8, Unary::kHardtanh>(
+          e, acc, ldc, acc_rows, rows, count, n, c_begin, c_end, out);
+  }
+}
+
+void epilogue_block512(const Epilogue& e, const int32_t* acc, int64_t ldc,
+                       const int64_t* acc_rows, const int64_t* rows, int64_t count, int64_t n,
+                       int64_t c_begin, int64_t c_end, void* out) {
+  auto run = e.other ? (e.out_u8 ? epilogue_block512_unary<true, true>
+                                 : epilogue_block512_unary<true, false>)
+                     : (e.out_u8 ? epilogue_block512_unary<false, true>
+                                 : epilogue_block512_unary<false, false>);
+  run(e, acc, ldc, acc_rows, rows, count, n, c_begin, c_end, out);
 }
 
 // Depthwise accumulators (zero point subtracted, so padding adds nothing) for output rows
@@ -251,7 +351,220 @@ int64_t out_dim(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
   return (in + 2 * p - d * (k - 1) - 1) / s + 1;
 }
 
+// How the AMX conv forms its A tiles (see amx_conv).
+enum class AmxLayout { kDirect, kFlat, kHalves, kIm2col };
+
+// A layout tests force where it applies (-1: the estimate's choice).
+std::atomic<int> forced_layout{-1};
+
+// groups == 1 on AMX.  In the input padded with its zero point ([N][Hp][Wp][IC]), kernel row kh
+// of an undilated conv's output pixel (oh, ow) is the run of KW * IC bytes at
+// ((oh * sh + kh) * Wp + ow * sw) * IC, and pixels along a row are sw * IC bytes apart: a tile of
+// 16 output pixels is one strided load, no im2col.  The rows of a 32-row block are laid out as
+//   kDirect  a 1x1 unpadded stride-1 conv: the input's own pixels, read in place;
+//   kFlat    q = oh * Wp + ow over one image (equal strides), the rows with ow >= OW computed and
+//            dropped: few wasted rows when OW is close to Wp;
+//   kHalves  16 pixels of one output row per tile (two per block): nothing wasted when OW is a
+//            multiple of 16, whatever the stride;
+//   kIm2col  a copied block (dilated convs; small images, where the others are mostly padding).
+// The cheapest by a rough estimate (ns: a 64-deep step of one 32x32 block, a copied run) runs.
+// Per block: the tile GEMM, then the epilogue from the block's accumulators; few blocks split
+// the output channels as well, so both cores work.
+void amx_conv(const uint8_t* x, uint8_t x_zp, int64_t N, int64_t IC, int64_t H, int64_t W,
+              int64_t OC, int64_t KH, int64_t KW, int64_t OH, int64_t OW,
+              at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+              const AmxPackedB& b, const Epilogue& e, void* out) {
+  const int64_t run_p = amx_run_pitch(KW, IC), steps = b.Kp / kAmxK;
+  const int64_t sh = stride[0], sw = stride[1], dh = dilation[0], dw = dilation[1];
+  const int64_t ph = padding[0], pw = padding[1];
+  const int64_t Hp = H + 2 * ph, Wp = W + 2 * pw, M = N * OH * OW;
+  const int64_t half_row_tiles = (OW + 15) / 16, halves = N * OH * half_row_tiles;
+  const auto blocks_of = [](int64_t rows) { return (rows + kAmxRows - 1) / kAmxRows; };
+  const int64_t flat_blocks_per_image = blocks_of(OH * Wp), half_blocks = (halves + 1) / 2;
+  AmxLayout layout = AmxLayout::kIm2col;
+  int64_t blocks = blocks_of(M);
+  if (KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0) {
+    layout = AmxLayout::kDirect;
+  } else if (dh == 1 && dw == 1) {
+    const double step_ns = 40.0 * (b.Np / kAmxN) * steps;
+    const double run_ns = 5.0 + KW * IC / 32.0;
+    double best = blocks * (step_ns + kAmxRows * KH * run_ns);
+    if (half_blocks * step_ns < best) {
+      best = half_blocks * step_ns;
+      layout = AmxLayout::kHalves;
+      blocks = half_blocks;
+    }
+    if (sh == sw && N * flat_blocks_per_image * step_ns < best) {
+      layout = AmxLayout::kFlat;
+      blocks = N * flat_blocks_per_image;
+    }
+  }
+  const int forced = forced_layout.load();
+  const bool undilated = dh == 1 && dw == 1;
+  if (forced == static_cast<int>(AmxLayout::kIm2col)) {
+    layout = AmxLayout::kIm2col;
+    blocks = blocks_of(M);
+  } else if (forced == static_cast<int>(AmxLayout::kHalves) && undilated) {
+    layout = AmxLayout::kHalves;
+    blocks = half_blocks;
+  } else if (forced == static_cast<int>(AmxLayout::kFlat) && undilated && sh == sw) {
+    layout = AmxLayout::kFlat;
+    blocks = N * flat_blocks_per_image;
+  }
+  const bool copies = layout == AmxLayout::kIm2col;
+  std::vector<int64_t> a_steps(steps);
+  for (int64_t i = 0; i < steps; ++i) {
+    const int64_t kh = i * kAmxK / run_p, j = i * kAmxK % run_p;
+    a_steps[i] = copies ? i * kAmxK : kh * Wp * IC + j;
+  }
+  // the padded input, with slack past its end for the rows computed and dropped
+  at::Tensor padded;
+  const uint8_t* src = x;
+  int64_t img_pitch = H * W * IC;
+  if (layout != AmxLayout::kDirect) {
+    img_pitch = Hp * Wp * IC;
+    const int64_t flat_end = (sh * (flat_blocks_per_image * kAmxRows - 1) + (KH - 1) * Wp) * IC;
+    const int64_t bytes = (N - 1) * img_pitch + std::max(img_pitch, flat_end) +
+                          ((OW + 16) * sw + Wp) * IC + run_p + kAmxK;
+    padded = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+    uint8_t* p = padded.data_ptr<uint8_t>();
+    std::memset(p + N * img_pitch, 0, bytes - N * img_pitch);
+    at::parallel_for(0, N * Hp, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        const int64_t n = row / Hp, h = row % Hp - ph;
+        uint8_t* dst = p + row * Wp * IC;
+        if (h < 0 || h >= H) {
+          std::memset(dst, x_zp, Wp * IC);
+          continue;
+        }
+        std::memset(dst, x_zp, pw * IC);
+        std::memcpy(dst + pw * IC, x + (n * H + h) * W * IC, W * IC);
+        std::memset(dst + (pw + W) * IC, x_zp, pw * IC);
+      }
+    });
+    src = p;
+  }
+  // the padded input's byte offset of output pixel (n, oh, ow)'s first tap
+  const auto pixel = [&](int64_t n, int64_t oh, int64_t ow) {
+    return n * img_pitch + ((oh * sh) * Wp + ow * sw) * IC;
+  };
+  const int64_t lda = copies ? b.Kp : sw * IC;
+  const int64_t col_blocks = b.Np / kAmxN;
+  const int64_t threads = at::get_num_threads();
+  const int64_t col_splits =
+      blocks >= threads ? 1 : std::min(col_blocks, (threads + blocks - 1) / blocks);
+  const int64_t end_of_x = N * H * W * IC;
+  at::parallel_for(0, blocks * col_splits, 1, [&](int64_t begin, int64_t end) {
+    std::vector<uint8_t> local;  // an im2col block, or the direct input's last rows
+    std::unique_ptr<int32_t[], AmxPackedB::Free> c_mem(static_cast<int32_t*>(
+        std::aligned_alloc(64, kAmxRows * b.Np * sizeof(int32_t))));
+    int32_t* c = c_mem.get();
+    int64_t have = -1, count = 0;
+    int64_t acc_rows[kAmxRows], out_rows[kAmxRows];
+    const uint8_t* a = nullptr;
+    const uint8_t* a_hi = nullptr;
+    amx_tiles_begin();
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t block = task / col_splits, split = task % col_splits;
+      if (block != have) {  // the block's A rows and the output row of each accumulator row
+        have = block;
+        count = 0;
+        switch (layout) {
+          case AmxLayout::kDirect: {
+            const int64_t r0 = block * kAmxRows;
+            a = x + r0 * IC;
+            if ((r0 + kAmxRows - 1) * IC + run_p > end_of_x) {  // would read past the input
+              local.assign(kAmxRows * IC + run_p, 0);
+              std::memcpy(local.data(), a, (M - r0) * IC);
+              a = local.data();
+            }
+            a_hi = a + 16 * lda;
+            for (int64_t i = 0; i < kAmxRows && r0 + i < M; ++i, ++count) {
+              acc_rows[count] = i;
+              out_rows[count] = r0 + i;
+            }
+            break;
+          }
+          case AmxLayout::kIm2col: {
+            const int64_t r0 = block * kAmxRows;
+            local.assign(kAmxRows * b.Kp, 0);
+            for (int64_t i = 0; i < kAmxRows && r0 + i < M; ++i, ++count) {
+              const int64_t r = r0 + i, n = r / (OH * OW), oh = r / OW % OH, ow = r % OW;
+              const uint8_t* from = src + pixel(n, oh, ow);
+              for (int64_t kh = 0; kh < KH; ++kh) {
+                uint8_t* dst = local.data() + i * b.Kp + kh * run_p;
+                const uint8_t* row = from + kh * dh * Wp * IC;
+                if (dw == 1) {
+                  std::memcpy(dst, row, KW * IC);
+                } else {
+                  for (int64_t kw = 0; kw < KW; ++kw)
+                    std::memcpy(dst + kw * IC, row + kw * dw * IC, IC);
+                }
+              }
+              acc_rows[count] = i;
+              out_rows[count] = r;
+            }
+            a = local.data();
+            a_hi = a + 16 * lda;
+            break;
+          }
+          case AmxLayout::kFlat: {
+            const int64_t img = block / flat_blocks_per_image;
+            const int64_t q0 = block % flat_blocks_per_image * kAmxRows;
+            a = src + img * img_pitch + sh * q0 * IC;
+            a_hi = a + 16 * lda;
+            for (int64_t i = 0; i < kAmxRows && q0 + i < OH * Wp; ++i) {
+              const int64_t oh = (q0 + i) / Wp, ow = (q0 + i) % Wp;
+              if (ow >= OW) continue;
+              acc_rows[count] = i;
+              out_rows[count++] = (img * OH + oh) * OW + ow;
+            }
+            break;
+          }
+          case AmxLayout::kHalves: {
+            for (int64_t half = 0; half < 2; ++half) {
+              const int64_t h = std::min(2 * block + half, halves - 1);
+              const int64_t row_of_out = h / half_row_tiles, ow0 = h % half_row_tiles * 16;
+              const uint8_t* base = src + pixel(row_of_out / OH, row_of_out % OH, ow0);
+              (half == 0 ? a : a_hi) = base;
+              if (2 * block + half >= halves) continue;  // garbage rows, dropped
+              for (int64_t r = 0; r < 16 && ow0 + r < OW; ++r, ++count) {
+                acc_rows[count] = half * 16 + r;
+                out_rows[count] = row_of_out * OW + ow0 + r;
+              }
+            }
+            break;
+          }
+        }
+      }
+      const int64_t n0 = col_blocks * split / col_splits * kAmxN;
+      const int64_t n1 = col_blocks * (split + 1) / col_splits * kAmxN;
+      amx_gemm_rows(a, a_hi, lda, a_steps.data(), b, n0, n1, c, b.Np);
+      epilogue_block512(e, c, b.Np, acc_rows, out_rows, count, OC, n0, std::min(n1, OC), out);
+    }
+    amx_tiles_end();
+  });
+}
+
 }  // namespace
+
+// Force the AMX conv's layout ("direct", "flat", "halves", "im2col") where it applies, or "" for
+// the estimate's choice: tests run every layout on every shape.
+void amx_conv_force_layout(c10::string_view name) {
+  static const char* names[] = {"direct", "flat", "halves", "im2col"};
+  if (name.empty()) {
+    forced_layout.store(-1);
+    return;
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (name == names[i]) {
+      forced_layout.store(i);
+      return;
+    }
+  }
+  TORCH_CHECK_VALUE(false, "amx_conv_force_layout: unknown layout '", std::string(name),
+                    "' (direct, flat, halves, im2col or empty)");
+}
 
 at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point,
                    const at::Tensor& weight, const at::Tensor& weight_scale,
@@ -315,6 +628,27 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point,
   auto xc = x.contiguous(at::MemoryFormat::ChannelsLast);
   const uint8_t* xp = xc.data_ptr<uint8_t>();
   auto pack = cached_pack(weight, depthwise);
+  std::vector<float> comb(OC);
+  std::vector<int32_t> zp_corr(OC, 0);
+  const float xs = static_cast<float>(x_scale);
+  const float* ws = weight_scale.data_ptr<float>();
+  for (int64_t c = 0; c < OC; ++c) {
+    const float w_scale = ws[weight_scale.numel() == 1 ? 0 : c];
+    comb[c] = depthwise ? w_scale : xs * w_scale;
+    if (!depthwise) zp_corr[c] = static_cast<int32_t>(x_zero_point) * pack->col_sums[c];
+  }
+  const Epilogue e{comb.data(), depthwise ? xs : 0.0f, zp_corr.data(),
+                   bias_f.defined() ? bias_f.data_ptr<float>() : nullptr,
+                   other_cl.defined() ? other_cl.data_ptr<uint8_t>() : nullptr,
+                   static_cast<float>(other_scale), static_cast<float>(other_zero_point), kind,
+                   lo, hi, out_dtype == at::kByte, 1.0f / static_cast<float>(out_scale),
+                   static_cast<float>(out_zero_point)};
+  void* outp = out.data_ptr();
+  if (!depthwise && pack->amx) {
+    amx_conv(xp, static_cast<uint8_t>(x_zero_point), N, IC, H, W, OC, KH, KW, OH, OW, stride,
+             padding, dilation, pack->amx_b, e, outp);
+    return out;
+  }
   auto acc = at::empty({M, OC}, x.options().dtype(at::kInt));
   int32_t* accp = acc.data_ptr<int32_t>();
   const int num_tasks = at::get_num_threads();
@@ -358,28 +692,14 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point,
       }
     });
   }
-  std::vector<float> comb(OC);
-  std::vector<int32_t> zp_corr(OC, 0);
-  const float xs = static_cast<float>(x_scale);
-  const float* ws = weight_scale.data_ptr<float>();
-  for (int64_t c = 0; c < OC; ++c) {
-    const float w_scale = ws[weight_scale.numel() == 1 ? 0 : c];
-    comb[c] = depthwise ? w_scale : xs * w_scale;
-    if (!depthwise) zp_corr[c] = static_cast<int32_t>(x_zero_point) * pack->col_sums[c];
-  }
-  Epilogue e{comb.data(), depthwise ? xs : 0.0f, zp_corr.data(), bias_f.defined() ? bias_f.data_ptr<float>() : nullptr,
-             other_cl.defined() ? other_cl.data_ptr<uint8_t>() : nullptr,
-             static_cast<float>(other_scale), static_cast<float>(other_zero_point), kind, lo, hi,
-             out_dtype == at::kByte, 1.0f / static_cast<float>(out_scale),
-             static_cast<float>(out_zero_point)};
-  void* outp = out.data_ptr();
   at::parallel_for(0, M, std::max<int64_t>(1, 4096 / OC), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) epilogue_row(e, accp, r, OC, outp);
+    for (int64_t r = begin; r < end; ++r) epilogue_row(e, accp + r * OC, r, OC, 0, OC, outp);
   });
   return out;
 }
 
 TORCH_LIBRARY_FRAGMENT(torchquant_native, m) {
+  m.def("amx_conv_force_layout(str name) -> ()", &torchquant_native::amx_conv_force_layout);
   m.def("qconv2d(Tensor x, float x_scale, int x_zero_point, Tensor weight, Tensor weight_scale, "
         "Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, Tensor? other, "
         "float other_scale, int other_zero_point, str unary, float[] scalars, float out_scale, "
