@@ -143,6 +143,26 @@ def test_small_convs_take_the_native_conv(converted):
     assert torch.equal(again[0], pooled)
 
 
+@pytest.mark.skipif(not native.amx(), reason="the native conv serves a symbolic batch on AMX")
+def test_symbolic_batch_convs_take_the_native_conv_on_amx(converted):
+    """A graph compiled for any batch (the batch dimension marked dynamic) calls the native conv
+    on AMX CPUs too (``conv_preferred_any_batch``): the same integers as the static graph."""
+    x = torch.randn(3, 3, 8, 8)
+    (static_pooled, _), _ = _compile_frozen(converted, x)
+    torch._dynamo.reset()
+    first = torch.randn(5, 3, 8, 8)
+    torch._dynamo.mark_dynamic(first, 0)
+    compiled = torch.compile(copy.deepcopy(converted))
+    with inductor_config.patch(freezing=True, fx_graph_cache=False), torch.no_grad():
+        _, code = run_and_get_code(compiled, first)
+        with torch._dynamo.config.patch(error_on_recompile=True):   # one graph, any batch
+            pooled, _ = compiled(x)
+    code = "".join(code)
+    assert code.count("torchquant_native.qconv2d.default(") == 5
+    assert "qconv_pointwise" not in code
+    assert torch.equal(pooled, static_pooled)
+
+
 def test_saturating_cpu_keeps_the_float_conv(converted, monkeypatch):
     """Where oneDNN's u8 x s8 products saturate (AVX2 without VNNI) the pass leaves the graph's
     float conv on dequantized values (what the eager model computes); still no Python op."""

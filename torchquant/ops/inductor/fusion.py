@@ -206,13 +206,22 @@ def _static_shape(node: Any) -> Optional[list[int]]:
     return [int(d) for d in val.shape]
 
 
+def _image_shape(node: Any) -> Optional[list[int]]:
+    """(channels, height, width) of a 4-d activation whose batch alone may be symbolic."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if val is None or val.dim() != 4 or not all(isinstance(d, int) for d in val.shape[1:]):
+        return None
+    return [int(d) for d in val.shape[1:]]
+
+
 def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: float,
                x_zp: int, w: torch.Tensor, w_scale: torch.Tensor, w_zp: torch.Tensor,
                bias: Optional[torch.Tensor], geometry: tuple, other: Optional[tuple],
                unary: str, scalars: list, out: Optional[tuple[float, int]]) -> None:
     """Replace ``node`` .. ``last`` by one int8 conv call: torchquant's native conv where it is
-    faster (:func:`torchquant.kernels.native.conv_preferred`; never in a package, which must
-    run without torchquant), else oneDNN's with the weight prepacked here.  ``other``: the
+    faster (:func:`torchquant.kernels.native.conv_preferred`, or ``conv_preferred_any_batch``
+    for a symbolic batch; never in a package, which must run without torchquant), else
+    oneDNN's with the weight prepacked here.  ``other``: the
     (uint8 node, scale, zero point) added before ``unary``; ``out``: the output's quint8
     qparams, None for float32."""
     stride, padding, dilation, groups = geometry
@@ -220,9 +229,12 @@ def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: f
     fake = _fake_like(last.meta["val"], out_dtype, torch.channels_last)
     bias_node = None if bias is None else g.constant(bias.to(torch.float32), node, "bias")
     x_shape = _static_shape(q_x)
-    if (not is_packaging() and x_shape is not None
-            and not bool(w_zp.any())
-            and _native.conv_preferred(x_shape, w.shape, stride, padding, dilation, groups)):
+    image = _image_shape(q_x)
+    if (not is_packaging() and not bool(w_zp.any())
+            and (_native.conv_preferred(x_shape, w.shape, stride, padding, dilation, groups)
+                 if x_shape is not None else
+                 image is not None and _native.conv_preferred_any_batch(
+                     image, w.shape, stride, padding, dilation, groups))):
         addend = (None, 1.0, 0) if other is None else other
         args = (q_x, x_scale, x_zp, g.constant(w.contiguous(), node, "conv_weight"),
                 g.constant(w_scale, node, "weight_scale"), bias_node, *geometry, *addend,
