@@ -300,3 +300,25 @@ def test_conv_preferred_any_batch_only_on_amx():
     assert not native.conv_preferred_any_batch(*depthwise)
     with cpu_isa.forced_cpu_isa("avx512_vnni"):
         assert not native.amx() and not native.conv_preferred_any_batch(*plain)
+
+
+def test_depthwise_avx512_loops_equal_the_avx2_loops():
+    """The depthwise loop and its epilogue run AVX-512 where fbgemm does; forced to AVX2 they run
+    the AVX2 loops: the same outputs bit for bit (uint8 and float, every post-op)."""
+    if native.isa().split("+")[0] not in ("avx512", "avx512_vnni"):
+        pytest.skip("needs AVX-512")
+    for shape in [s for s in SHAPES if s[-1] > 1] + [(72, 72, 3, 7, 1, 1, 1, 72)]:
+        for batch, unary in itertools.product((1, 2), ("none", "relu", "hardtanh")):
+            x, w, w_scale, bias, geometry = _case(*shape, batch, True, seed=batch)
+            scalars = [-1.5, 2.0] if unary == "hardtanh" else []
+            outs = {}
+            for isa in ("auto", "avx2"):
+                native.force_isa(isa)
+                try:
+                    outs[isa] = [_native(x, 0.0123, 131, w, w_scale, bias, geometry, None, unary,
+                                         scalars, out)
+                                 for out in ((0.73, 60, torch.uint8), (1.0, 0, torch.float32))]
+                finally:
+                    native.force_isa("auto")
+            for a, b in zip(outs["auto"], outs["avx2"]):
+                assert torch.equal(a, b), (shape, unary)

@@ -205,8 +205,7 @@ __attribute__((target("avx2,fma"))) void epilogue_row(const Epilogue& e, const i
 // The epilogue of a block of accumulator rows with AVX-512 (every AMX CPU has it): output row
 // rows[i] from accumulator row acc_rows[i] (ldc apart), epilogue_row's operations in the same
 // order, sixteen channels at a time with the tail masked; each channel vector's constants are
-// loaded once per block and the post-ops are compiled in.  (No depthwise split scale: AMX
-// runs only plain convs.)
+// loaded once per block and the post-ops are compiled in.
 template <bool kOther, bool kU8, Unary kUnary>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void epilogue_block512_impl(
     const Epilogue& e, const int32_t* __restrict acc, int64_t ldc,
@@ -216,6 +215,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void epilogue_block512_impl
   const __m512 vos = _mm512_set1_ps(e.other_scale), vozp = _mm512_set1_ps(e.other_zp);
   const __m512 vlo = _mm512_set1_ps(kUnary == Unary::kRelu ? 0.0f : e.lo);
   const __m512 vhi = _mm512_set1_ps(e.hi), vzero = _mm512_setzero_ps();
+  const __m512 vsplit = _mm512_set1_ps(e.split_x_scale);
+  const bool split = e.split_x_scale != 0.0f;
   const uint8_t* __restrict other = e.other;
   const int32_t* zp_corr = e.zp_corr;
   const float* comb_p = e.comb;
@@ -229,6 +230,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void epilogue_block512_impl
       const int64_t at = rows[i] * n + c;
       __m512 y = _mm512_cvtepi32_ps(
           _mm512_sub_epi32(_mm512_maskz_loadu_epi32(m, acc + acc_rows[i] * ldc + c), zp));
+      if (split) y = _mm512_mul_ps(y, vsplit);
       y = _mm512_mul_ps(y, comb);
       if (bias_p) y = _mm512_add_ps(y, bias);
       if constexpr (kOther) {
@@ -343,6 +345,62 @@ __attribute__((target("avx2,fma"))) void depthwise_rows(
       for (int64_t k = 0; k < count; ++k)
         sum += (static_cast<int32_t>(src[k][c]) - x_zp) * tap[k][c];
       a[c] = sum;
+    }
+  }
+}
+
+// (x - x_zp) * tap for sixteen channels (those in m).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512i depthwise_term(
+    __m512i zp, const uint8_t* x, const int32_t* tap, __mmask16 m) {
+  return _mm512_mullo_epi32(
+      _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, x)), zp),
+      _mm512_maskz_loadu_epi32(m, tap));
+}
+
+// depthwise_rows with AVX-512: sixty-four channels at a time in four registers, then sixteen,
+// the tail masked; the same exact int32 sums.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void depthwise_rows512(
+    const uint8_t* x, int32_t x_zp, const int32_t* taps, int64_t C, int64_t H, int64_t W,
+    int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t ph,
+    int64_t pw, int64_t dh, int64_t dw, int64_t begin, int64_t end, int32_t* acc) {
+  std::vector<const uint8_t*> src(KH * KW);
+  std::vector<const int32_t*> tap(KH * KW);
+  const __m512i zp = _mm512_set1_epi32(x_zp);
+  for (int64_t r = begin; r < end; ++r) {
+    const int64_t n = r / (OH * OW), oh = (r / OW) % OH, ow = r % OW;
+    int64_t count = 0;
+    for (int64_t i = 0; i < KH; ++i) {
+      const int64_t ih = oh * sh - ph + i * dh;
+      if (ih < 0 || ih >= H) continue;
+      for (int64_t j = 0; j < KW; ++j) {
+        const int64_t iw = ow * sw - pw + j * dw;
+        if (iw < 0 || iw >= W) continue;
+        src[count] = x + ((n * H + ih) * W + iw) * C;
+        tap[count++] = taps + (i * KW + j) * C;
+      }
+    }
+    int32_t* a = acc + r * C;
+    int64_t c = 0;
+    const __mmask16 all = 0xFFFF;
+    for (; c + 64 <= C; c += 64) {
+      __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+      for (int64_t k = 0; k < count; ++k) {
+        s0 = _mm512_add_epi32(s0, depthwise_term(zp, src[k] + c, tap[k] + c, all));
+        s1 = _mm512_add_epi32(s1, depthwise_term(zp, src[k] + c + 16, tap[k] + c + 16, all));
+        s2 = _mm512_add_epi32(s2, depthwise_term(zp, src[k] + c + 32, tap[k] + c + 32, all));
+        s3 = _mm512_add_epi32(s3, depthwise_term(zp, src[k] + c + 48, tap[k] + c + 48, all));
+      }
+      _mm512_storeu_si512(a + c, s0);
+      _mm512_storeu_si512(a + c + 16, s1);
+      _mm512_storeu_si512(a + c + 32, s2);
+      _mm512_storeu_si512(a + c + 48, s3);
+    }
+    for (; c < C; c += 16) {
+      const __mmask16 m = C - c >= 16 ? all : __mmask16((1u << (C - c)) - 1);
+      __m512i sum = _mm512_setzero_si512();
+      for (int64_t k = 0; k < count; ++k)
+        sum = _mm512_add_epi32(sum, depthwise_term(zp, src[k] + c, tap[k] + c, m));
+      _mm512_mask_storeu_epi32(a + c, m, sum);
     }
   }
 }
@@ -653,11 +711,29 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point,
   int32_t* accp = acc.data_ptr<int32_t>();
   const int num_tasks = at::get_num_threads();
   if (depthwise) {
+    // AVX-512 loops where fbgemm runs AVX-512 (forcing fbgemm to AVX2 tests the AVX2 loops)
+    const auto isa = fbgemm::fbgemmInstructionSet();
+    const bool wide = isa == fbgemm::inst_set_t::avx512 || isa == fbgemm::inst_set_t::avx512_vnni;
     at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-      depthwise_rows(xp, static_cast<int32_t>(x_zero_point), pack->taps.data(), OC, H, W, OH, OW,
-                     KH, KW, stride[0], stride[1], padding[0], padding[1], dilation[0],
-                     dilation[1], begin, end, accp);
+      (wide ? depthwise_rows512 : depthwise_rows)(
+          xp, static_cast<int32_t>(x_zero_point), pack->taps.data(), OC, H, W, OH, OW, KH, KW,
+          stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1], begin, end,
+          accp);
+      if (!wide) {
+        for (int64_t r = begin; r < end; ++r) epilogue_row(e, accp + r * OC, r, OC, 0, OC, outp);
+        return;
+      }
+      int64_t acc_rows[kAmxRows], out_rows[kAmxRows];
+      for (int64_t r0 = begin; r0 < end; r0 += kAmxRows) {
+        const int64_t count = std::min(kAmxRows, end - r0);
+        for (int64_t i = 0; i < count; ++i) {
+          acc_rows[i] = i;
+          out_rows[i] = r0 + i;
+        }
+        epilogue_block512(e, accp + r0 * OC, OC, acc_rows, out_rows, count, OC, 0, OC, outp);
+      }
     });
+    return out;
   } else {
     // Never saturated integers: where fbgemm's u8 x s8 pairs saturate (no VNNI, or forced
     // lower) the caller must take another kernel (torchquant.kernels.native.conv_preferred).
