@@ -39,7 +39,7 @@ CONV_BATCHES = [1, 8]
 SMALL_CONV_SHAPES = [(32, 32, 32, 3, 1, 1), (32, 64, 32, 3, 2, 1), (64, 64, 16, 3, 1, 1),
                      (128, 128, 8, 3, 1, 1), (256, 256, 4, 3, 1, 1), (128, 256, 8, 1, 2, 1),
                      (48, 48, 16, 3, 1, 48), (96, 96, 8, 3, 2, 96), (96, 32, 8, 1, 1, 1)]
-SMALL_CONV_BATCHES = [1, 4, 16]
+SMALL_CONV_BATCHES = [1, 4, 16, 64]
 
 
 def best_times(fns: dict[str, Callable[[], object]], budget_s: float,
@@ -236,9 +236,27 @@ def print_table(title: str, rows: list, columns: list[str], label: Callable) -> 
     return {"vs_torch": summary["ours"], "vs_float": geomean(vs_float)}
 
 
+def small_conv_table(timing: dict) -> None:
+    from torchquant.kernels import native
+    if not (native.available() and (native.amx() or native.exact_u8())):
+        print(f"\n(no native conv here: {native.describe()})")
+        return
+    small = small_conv_cases(timing)
+    print_table(f"Small Conv2d: the native conv ('ours', {native.isa()}) vs the oneDNN call "
+                "(3x32x32 models)", small, ["ours", "oneDNN", "torch.ao", "float"],
+                lambda s: f"b{s[0]} {s[1]}->{s[2]} {s[3]}x{s[3]} k{s[4]} s{s[5]} g{s[6]}")
+    chosen = [t["ours"] / t["oneDNN"] for (b, ci, co, sz, k, st, g), t, _ in small
+              if native.conv_preferred((b, ci, sz, sz), (co, ci // g, k, k), [st] * 2,
+                                       [k // 2] * 2, [1, 1], g)]
+    print(f"\nnative/oneDNN where conv_preferred picks the native conv: geomean "
+          f"{geomean(chosen):.2f}, max {max(chosen):.2f} ({len(chosen)} of {len(small)})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds")
+    parser.add_argument("--only-small-conv", action="store_true",
+                        help="only the small-conv table (the native conv against oneDNN's call)")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(2)
@@ -246,6 +264,11 @@ def main() -> None:
     timing = {"budget_s": 0.3 if args.quick else 1.5}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"engine {torch.backends.quantized.engine}, CPU {torch.backends.cpu.get_cpu_capability()}")
+    from torchquant.kernels import cpu_isa, native
+    print(f"CPU flags: {' '.join(cpu_isa.cpu_flags())}; {native.describe()}")
+    if args.only_small_conv:
+        small_conv_table(timing)
+        return
     static_rows, dynamic_rows = linear_cases(timing)
     lin = lambda s: f"{s[0]}x{s[1]}x{s[2]}"
     static = print_table("Static Linear (u8 x s8 per-channel, u8 out)", static_rows,
@@ -255,19 +278,7 @@ def main() -> None:
     conv = print_table("Conv2d (ResNet-18 3x3 / 1x1, channels-last u8 in)", conv_cases(timing),
                        ["ours", "torch.ao", "float"],
                        lambda s: f"b{s[0]} {s[1]}->{s[2]} {s[3]}x{s[3]} k{s[4]} s{s[5]}")
-    from torchquant.kernels import native
-    if native.available() and native.exact_u8():
-        small = small_conv_cases(timing)
-        print_table("Small Conv2d: the native conv ('ours') vs the oneDNN call (3x32x32 models)",
-                    small, ["ours", "oneDNN", "torch.ao", "float"],
-                    lambda s: f"b{s[0]} {s[1]}->{s[2]} {s[3]}x{s[3]} k{s[4]} s{s[5]} g{s[6]}")
-        chosen = [t["ours"] / t["oneDNN"] for (b, ci, co, sz, k, st, g), t, _ in small
-                  if native.conv_preferred((b, ci, sz, sz), (co, ci // g, k, k), [st] * 2,
-                                           [k // 2] * 2, [1, 1], g)]
-        print(f"\nnative/oneDNN where conv_preferred picks the native conv: geomean "
-              f"{geomean(chosen):.2f}, max {max(chosen):.2f} ({len(chosen)} of {len(small)})")
-    else:
-        print(f"\n(no native conv here: {native.describe()})")
+    small_conv_table(timing)
     print_table("Elementwise / pooling on (8, 64, 56, 56) quint8 (last column: elements/ns)",
                 elementwise_cases(timing), ["ours", "torch.ao", "float"], str)
     print("\n## Targets\n")
