@@ -6,6 +6,7 @@ matmul, fbgemm's epilogue ``fma(acc, x_scale * w_scale, bias)``).  Each is check
 CPU's fbgemm kernels and with fbgemm forced down to AVX2."""
 import contextlib
 import copy
+import itertools
 import os
 import subprocess
 import sys
@@ -270,3 +271,35 @@ def test_static_linear_not_chosen_where_fbgemm_saturates():
         fn = kernels.get("quantized_linear", x, packed=packed, out_qdtype=tq_quint8(),
                          post_op="none")
         assert fn is not native.static_linear
+
+
+@pytest.mark.skipif(not (native.available() and native.amx()), reason="needs AMX-INT8")
+@pytest.mark.parametrize("rows,n,k", [(3, 70, 100), (4, 70, 100), (33, 300, 768), (100, 33, 65)])
+def test_amx_linear_equals_the_fbgemm_linear_bit_for_bit(rows, n, k):
+    """On AMX CPUs the static and dynamic Linear take the AMX tile GEMM (four rows and more)
+    with fbgemm's own output processing: the same numbers as fbgemm's GEMM (weights with zero
+    points, ReLU, per tensor and per channel, full-range and reduce_range activations)."""
+    from torchquant.kernels import cpu_isa
+    ops = torch.ops.torchquant_native
+    gen = torch.Generator().manual_seed(rows)
+    for per_channel, zero_points, relu in itertools.product((False, True), (False, True),
+                                                            (False, True)):
+        w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
+        scale = torch.rand(n if per_channel else 1, generator=gen) * 0.01 + 0.001
+        zp = (torch.randint(-3, 4, scale.shape, generator=gen) if zero_points
+              else torch.zeros(scale.shape, dtype=torch.long))
+        pack = ops.fbgemm_pack_linear(w, scale, zp, torch.randn(n, generator=gen))
+        x_u8 = torch.randint(0, 256, (rows, k), dtype=torch.uint8, generator=gen)
+        x = torch.randn(rows, k, generator=gen) * 3
+
+        def run():
+            return [ops.fbgemm_linear_static(x_u8, 0.02, 7, pack, 0.5, 60, relu),
+                    ops.fbgemm_linear_dynamic(x, pack, True, relu),
+                    ops.fbgemm_linear_dynamic(x, pack, False, relu)]
+
+        got = run()
+        with cpu_isa.forced_cpu_isa("avx512_vnni"):
+            assert not native.amx()
+            want = run()
+        for g, w_ in zip(got, want):
+            assert torch.equal(g, w_), (per_channel, zero_points, relu)

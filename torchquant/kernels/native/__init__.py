@@ -8,7 +8,9 @@ per tensor with ATen's qparam rule, fbgemm's quantize, GEMM and float epilogue),
 uint8 Linear (fbgemm's requantizing epilogue, ReLU fused), and the dynamic LSTM / GRU loops
 (that dynamic Linear on the hidden state, then torch's CPU cell arithmetic, fused into a few
 passes with ATen's own sigmoid / tanh math; every step in C++).  fbgemm picks AVX2 / AVX-512 /
-VNNI kernels at run time; :func:`force_isa` forces a lower one for tests.  The int8 2-d conv
+VNNI kernels at run time; :func:`force_isa` forces a lower one for tests.  On AMX CPUs the
+Linear's int32 accumulator (four rows and more) comes from torchquant's AMX tile GEMM
+(``csrc/amx.cpp``) and goes through fbgemm's own output processing: the same numbers.  The int8 2-d conv
 (``csrc/conv.cpp``): an AMX tile GEMM of torchquant's own reading the zero-point-padded input in
 place (``csrc/amx.cpp``; Sapphire Rapids and later), else fbgemm's im2col GEMM, a depthwise
 loop of torchquant's own, and oneDNN's requantization order: the integers of

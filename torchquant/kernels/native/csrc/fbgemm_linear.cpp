@@ -5,6 +5,8 @@
 // quantizes it (PackAWithQuantRowOffset), multiplies it by the prepacked int8 weight and
 // applies its float epilogue (ReQuantizeForFloat).  Only torch's generic tensor ops and
 // fbgemm's public packing / GEMM routines are used; no quantized ATen op, no quantized dtype.
+// On AMX CPUs the accumulator comes from torchquant's AMX GEMM instead (amx.h), then the same
+// fbgemm epilogue objects run on it.
 #include <torch/library.h>
 #include <torch/custom_class.h>
 #include <ATen/ATen.h>
@@ -17,8 +19,11 @@
 
 #include <immintrin.h>
 
+#include "amx.h"
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -177,7 +182,9 @@ struct FbgemmLinearPack : torch::CustomClassHolder {
   int64_t in_features = 0;
   int64_t out_features = 0;
   bool per_channel = false;
+  bool symmetric = true;             // every weight zero point 0: no row offsets needed
   fbgemm::inst_set_t isa = fbgemm::inst_set_t::anyarch;
+  std::unique_ptr<AmxPackedB> amx;   // the weight for the AMX GEMM, where the CPU has AMX
 
   int64_t in_features_() const { return in_features; }
   int64_t out_features_() const { return out_features; }
@@ -226,7 +233,79 @@ c10::intrusive_ptr<FbgemmLinearPack> fbgemm_pack_linear(const at::Tensor& weight
       fbgemm::matrix_op_t::Transpose, static_cast<int32_t>(K), static_cast<int32_t>(N), wp,
       static_cast<int32_t>(K), nullptr, 1);
   pack->isa = fbgemm::fbgemmInstructionSet();
+  for (int32_t zp : pack->w_zp) pack->symmetric = pack->symmetric && zp == 0;
+  if (amx_int8_supported()) pack->amx = std::make_unique<AmxPackedB>(amx_pack_b(wp, N, K, K));
   return pack;
+}
+
+// ---- the AMX GEMM with fbgemm's epilogues ------------------------------------------------------
+// On AMX CPUs the int32 accumulator of a uint8 [M, K] activation and the pack's weight comes
+// from the AMX tile GEMM (amx.h; exact, as fbgemm's), 32 rows at a time, and each block goes
+// through the very output processing fbgemm's GEMM would apply (its ReQuantizeOutput /
+// ReQuantizeForFloat objects, whose AVX2 and AVX-512 variants are one routine): the same
+// numbers as the fbgemm path, bit for bit.  `make_proc(row_offsets of the block)` builds it.
+
+// Whether a call of M rows takes the AMX GEMM (a single row is bound by reading the weight).
+static bool use_amx(const FbgemmLinearPack& w, int64_t M) {
+  return w.amx && M >= 4 && amx_int8_active();
+}
+
+template <class Out, class MakeProc>
+static void amx_linear(const uint8_t* a, int64_t M, const FbgemmLinearPack& w,
+                       const int32_t* row_offsets, Out* out, const MakeProc& make_proc) {
+  const AmxPackedB& b = *w.amx;
+  const int64_t K = w.in_features, N = w.out_features;
+  const int64_t steps = b.Kp / kAmxK, row_blocks = (M + kAmxRows - 1) / kAmxRows;
+  const int64_t col_blocks = b.Np / kAmxN, threads = at::get_num_threads();
+  std::vector<int64_t> a_steps(steps);
+  for (int64_t i = 0; i < steps; ++i) a_steps[i] = i * kAmxK;
+  // each thread keeps one slice of the weight's columns (in its cache) over every row block,
+  // unless there are too few columns to go round
+  const int64_t col_splits = std::min(col_blocks, threads);
+  const int64_t row_splits = col_splits >= threads ? 1 : std::min(row_blocks, threads);
+  at::parallel_for(0, col_splits * row_splits, 1, [&](int64_t begin, int64_t end) {
+    std::unique_ptr<int32_t[], AmxPackedB::Free> c_mem(static_cast<int32_t*>(
+        std::aligned_alloc(64, kAmxRows * b.Np * sizeof(int32_t))));
+    int32_t* c = c_mem.get();
+    std::vector<uint8_t> tail;
+    amx_tiles_begin();
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t cs = task % col_splits, rs = task / col_splits;
+      const int64_t n0 = col_blocks * cs / col_splits * kAmxN;
+      const int64_t n1 = col_blocks * (cs + 1) / col_splits * kAmxN;
+      for (int64_t rb = row_blocks * rs / row_splits; rb < row_blocks * (rs + 1) / row_splits;
+           ++rb) {
+        const int64_t r0 = rb * kAmxRows, rows = std::min(kAmxRows, M - r0);
+        const uint8_t* ap = a + r0 * K;
+        if ((r0 + kAmxRows - 1) * K + b.Kp > M * K) {  // the tiles would read past the input
+          tail.assign(kAmxRows * K + b.Kp, 0);
+          std::memcpy(tail.data(), ap, rows * K);
+          ap = tail.data();
+        }
+        amx_gemm_rows(ap, ap + 16 * K, K, a_steps.data(), b, n0, n1, c, b.Np);
+        const fbgemm::block_type_t block{static_cast<int>(r0), static_cast<int>(rows),
+                                         static_cast<int>(n0),
+                                         static_cast<int>(std::min(n1, N) - n0)};
+        make_proc(row_offsets ? row_offsets + r0 : nullptr)
+            .template f<fbgemm::inst_set_t::avx2>(out, c + n0, block, static_cast<int>(N),
+                                                  static_cast<int>(b.Np));
+      }
+    }
+    amx_tiles_end();
+  });
+}
+
+// Sums of each row of a uint8 [M, K] matrix (fbgemm's row offsets).
+static std::vector<int32_t> row_sums(const uint8_t* a, int64_t M, int64_t K) {
+  std::vector<int32_t> sums(M);
+  at::parallel_for(0, M, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      int32_t sum = 0;
+      for (int64_t k = 0; k < K; ++k) sum += a[i * K + k];
+      sums[i] = sum;
+    }
+  });
+  return sums;
 }
 
 // ---- dynamic Linear --------------------------------------------------------------------------
@@ -236,6 +315,36 @@ static void gemm_dynamic(const float* x, int64_t M, const FbgemmLinearPack& w, Q
                          float* out) {
   const int64_t N = w.out_features, K = w.in_features;
   const float* bias = w.bias.defined() ? w.bias.data_ptr<float>() : nullptr;
+  if (use_amx(w, M)) {
+    // fbgemm's quantize (what its packing applies, element by element), its row offsets
+    auto xq = at::empty({M, K}, at::kByte);
+    uint8_t* xq_p = xq.data_ptr<uint8_t>();
+    fbgemm::TensorQuantizationParams tq;
+    tq.scale = q.scale;
+    tq.zero_point = q.zero_point;
+    tq.precision = 8;
+    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+      fbgemm::Quantize<uint8_t>(x + begin * K, xq_p + begin * K, (end - begin) * K, tq);
+    });
+    const std::vector<int32_t> offsets =
+        w.symmetric ? std::vector<int32_t>() : row_sums(xq_p, M, K);
+    const int32_t* ro = offsets.empty() ? nullptr : offsets.data();
+    fbgemm::DoNothing<float, float> done;
+    if (w.per_channel) {
+      amx_linear(xq_p, M, w, ro, out, [&](const int32_t* row_offsets) {
+        return fbgemm::ReQuantizeForFloat<Relu, fbgemm::QuantizationGranularity::OUT_CHANNEL>(
+            done, q.scale, w.w_scale.data(), q.zero_point, w.w_zp.data(), row_offsets,
+            w.col_offsets.data(), bias, static_cast<uint32_t>(N));
+      });
+    } else {
+      amx_linear(xq_p, M, w, ro, out, [&](const int32_t* row_offsets) {
+        return fbgemm::ReQuantizeForFloat<Relu>(
+            done, q.scale, w.w_scale.data(), q.zero_point, w.w_zp.data(), row_offsets,
+            w.col_offsets.data(), bias, static_cast<uint32_t>(N));
+      });
+    }
+    return;
+  }
   auto acc = at::empty({M, N}, at::kInt);
   int32_t* acc_p = acc.data_ptr<int32_t>();
   const int num_tasks = at::get_num_threads();
@@ -467,6 +576,29 @@ static void gemm_static(const uint8_t* x, int64_t M, int32_t x_zp, const FbgemmL
                         uint8_t* out) {
   const int64_t N = w.out_features, K = w.in_features;
   const float* bias = w.bias.defined() ? w.bias.data_ptr<float>() : nullptr;
+  if (use_amx(w, M)) {
+    const std::vector<int32_t> offsets = w.symmetric ? std::vector<int32_t>() : row_sums(x, M, K);
+    fbgemm::DoNothing<uint8_t, uint8_t> done;
+    const auto make = [&](const int32_t* row_offsets) {
+      constexpr auto gran = fbgemm::QuantizationGranularity::OUT_CHANNEL;
+      return fbgemm::ReQuantizeOutput<Relu, gran, float>(
+          done, multiplier, out_zp, x_zp, w.w_zp.data(), row_offsets, w.col_offsets.data(), bias,
+          static_cast<uint32_t>(N), 1, act_times_w_scale);
+    };
+    const auto make_tensor = [&](const int32_t* row_offsets) {
+      constexpr auto gran = fbgemm::QuantizationGranularity::TENSOR;
+      return fbgemm::ReQuantizeOutput<Relu, gran, float>(
+          done, multiplier, out_zp, x_zp, w.w_zp.data(), row_offsets, w.col_offsets.data(), bias,
+          static_cast<uint32_t>(N), 1, act_times_w_scale);
+    };
+    const int32_t* ro = offsets.empty() ? nullptr : offsets.data();
+    if (w.per_channel) {
+      amx_linear(x, M, w, ro, out, make);
+    } else {
+      amx_linear(x, M, w, ro, out, make_tensor);
+    }
+    return;
+  }
   auto acc = at::empty({M, N}, at::kInt);
   int32_t* acc_p = acc.data_ptr<int32_t>();
   const int num_tasks = at::get_num_threads();
