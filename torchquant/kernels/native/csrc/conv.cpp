@@ -475,21 +475,27 @@ void amx_conv(const uint8_t* x, uint8_t x_zp, int64_t N, int64_t IC, int64_t H, 
     const int64_t kh = i * kAmxK / run_p, j = i * kAmxK % run_p;
     a_steps[i] = copies ? i * kAmxK : kh * Wp * IC + j;
   }
-  // the padded input, with slack past its end for the rows computed and dropped
+  // the padded input, with slack past its end for the rows computed and dropped; an unpadded
+  // conv reads its input in place and copies only the last image (whose dropped rows would read
+  // past the input's end)
   at::Tensor padded;
   const uint8_t* src = x;
+  const uint8_t* last_image = nullptr;
   int64_t img_pitch = H * W * IC;
   if (layout != AmxLayout::kDirect) {
+    const bool unpadded = ph == 0 && pw == 0;
     img_pitch = Hp * Wp * IC;
     const int64_t flat_end = (sh * (flat_blocks_per_image * kAmxRows - 1) + (KH - 1) * Wp) * IC;
-    const int64_t bytes = (N - 1) * img_pitch + std::max(img_pitch, flat_end) +
+    const int64_t images = unpadded ? 1 : N;
+    const int64_t bytes = (images - 1) * img_pitch + std::max(img_pitch, flat_end) +
                           ((OW + 16) * sw + Wp) * IC + run_p + kAmxK;
     padded = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
     uint8_t* p = padded.data_ptr<uint8_t>();
-    std::memset(p + N * img_pitch, 0, bytes - N * img_pitch);
-    at::parallel_for(0, N * Hp, 16, [&](int64_t begin, int64_t end) {
+    std::memset(p + images * img_pitch, 0, bytes - images * img_pitch);
+    const int64_t first = unpadded ? N - 1 : 0;  // the images copied
+    at::parallel_for(0, images * Hp, 16, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
-        const int64_t n = row / Hp, h = row % Hp - ph;
+        const int64_t n = row / Hp + first, h = row % Hp - ph;
         uint8_t* dst = p + row * Wp * IC;
         if (h < 0 || h >= H) {
           std::memset(dst, x_zp, Wp * IC);
@@ -500,11 +506,16 @@ void amx_conv(const uint8_t* x, uint8_t x_zp, int64_t N, int64_t IC, int64_t H, 
         std::memset(dst + (pw + W) * IC, x_zp, pw * IC);
       }
     });
-    src = p;
+    if (unpadded) {
+      last_image = p;
+    } else {
+      src = p;
+    }
   }
-  // the padded input's byte offset of output pixel (n, oh, ow)'s first tap
+  // the first tap of output pixel (n, oh, ow) in the (padded) input
   const auto pixel = [&](int64_t n, int64_t oh, int64_t ow) {
-    return n * img_pitch + ((oh * sh) * Wp + ow * sw) * IC;
+    const uint8_t* image = last_image && n == N - 1 ? last_image : src + n * img_pitch;
+    return image + ((oh * sh) * Wp + ow * sw) * IC;
   };
   const int64_t lda = copies ? b.Kp : sw * IC;
   const int64_t col_blocks = b.Np / kAmxN;
@@ -548,7 +559,7 @@ void amx_conv(const uint8_t* x, uint8_t x_zp, int64_t N, int64_t IC, int64_t H, 
             local.assign(kAmxRows * b.Kp, 0);
             for (int64_t i = 0; i < kAmxRows && r0 + i < M; ++i, ++count) {
               const int64_t r = r0 + i, n = r / (OH * OW), oh = r / OW % OH, ow = r % OW;
-              const uint8_t* from = src + pixel(n, oh, ow);
+              const uint8_t* from = pixel(n, oh, ow);
               for (int64_t kh = 0; kh < KH; ++kh) {
                 uint8_t* dst = local.data() + i * b.Kp + kh * run_p;
                 const uint8_t* row = from + kh * dh * Wp * IC;
@@ -569,7 +580,7 @@ void amx_conv(const uint8_t* x, uint8_t x_zp, int64_t N, int64_t IC, int64_t H, 
           case AmxLayout::kFlat: {
             const int64_t img = block / flat_blocks_per_image;
             const int64_t q0 = block % flat_blocks_per_image * kAmxRows;
-            a = src + img * img_pitch + sh * q0 * IC;
+            a = pixel(img, 0, 0) + sh * q0 * IC;
             a_hi = a + 16 * lda;
             for (int64_t i = 0; i < kAmxRows && q0 + i < OH * Wp; ++i) {
               const int64_t oh = (q0 + i) / Wp, ow = (q0 + i) % Wp;
@@ -583,7 +594,7 @@ void amx_conv(const uint8_t* x, uint8_t x_zp, int64_t N, int64_t IC, int64_t H, 
             for (int64_t half = 0; half < 2; ++half) {
               const int64_t h = std::min(2 * block + half, halves - 1);
               const int64_t row_of_out = h / half_row_tiles, ow0 = h % half_row_tiles * 16;
-              const uint8_t* base = src + pixel(row_of_out / OH, row_of_out % OH, ow0);
+              const uint8_t* base = pixel(row_of_out / OH, row_of_out % OH, ow0);
               (half == 0 ? a : a_hi) = base;
               if (2 * block + half >= halves) continue;  // garbage rows, dropped
               for (int64_t r = 0; r < 16 && ow0 + r < OW; ++r, ++count) {
