@@ -127,12 +127,24 @@ def test_pack_of_another_instruction_set_is_refused():
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_non_finite_input_raises(bad):
+@pytest.mark.parametrize("rows", [3, 40_000])   # 40_000 x 16: the range is found in chunks
+def test_non_finite_input_raises(bad, rows):
     packed = _packed(8, 16, False, bias=True)
-    x = torch.ones(3, 16)
-    x[1, 5] = bad
+    x = torch.ones(rows, 16)
+    x[rows // 2 + 1, 5] = bad
     with pytest.raises(ValueError, match="must be finite"):
         native.dynamic_linear(x, packed, True, False)
+
+
+def test_large_input_range_found_in_chunks_matches_torch_ao():
+    """A large activation's min / max is found on every thread, chunk by chunk: the same
+    qparams, so torch.ao's numbers."""
+    packed = _packed(24, 64, True, bias=True)
+    x = _input(9000, 64, seed=5)   # 576 000 values: three chunks
+    x[8999, 63] = 40.0             # the maximum in the last chunk
+    x[0, 0] = -35.0                # the minimum in the first
+    assert torch.equal(native.dynamic_linear(x, packed, True, False),
+                       _torch_ao_linear(packed, False)(x))
 
 
 def test_module_uses_native_and_reference_mode_does_not():

@@ -132,8 +132,8 @@ static QParams choose_qparams(float mn, float mx, int32_t qmin, int32_t qmax, bo
 // uses) plus a finiteness check: x * 0 is 0 for finite x and NaN otherwise, and a NaN or
 // infinity anywhere makes both results NaN, so the qparam rule raises instead of quantizing
 // garbage.  AVX2 is there whenever fbgemm runs (supported()), so the loop is built for it.
-__attribute__((target("avx2"))) static void min_max_finite(const float* x, int64_t n,
-                                                           float* mn_out, float* mx_out) {
+__attribute__((target("avx2"))) static void min_max_finite_serial(const float* x, int64_t n,
+                                                                  float* mn_out, float* mx_out) {
   float lo = std::numeric_limits<float>::infinity(), hi = -lo, sentinel = 0.0f;
   int64_t i = 0;
   if (n >= 16) {
@@ -169,6 +169,35 @@ __attribute__((target("avx2"))) static void min_max_finite(const float* x, int64
   }
   *mn_out = lo;
   *mx_out = hi;
+}
+
+// min_max_finite_serial over chunks on every thread for large inputs (a dynamic Linear's
+// activation of several MB is read at memory speed: one core's share of the bandwidth is not
+// all of it).  Min and max are exact in any order; a NaN / Inf anywhere makes both NaN.
+static void min_max_finite(const float* x, int64_t n, float* mn_out, float* mx_out) {
+  constexpr int64_t kChunk = 1 << 18;
+  if (n < 2 * kChunk || at::get_num_threads() < 2) {
+    min_max_finite_serial(x, n, mn_out, mx_out);
+    return;
+  }
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<float> lo(chunks), hi(chunks);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      min_max_finite_serial(x + c * kChunk, std::min(kChunk, n - c * kChunk), &lo[c], &hi[c]);
+    }
+  });
+  float mn = lo[0], mx = hi[0];
+  for (int64_t c = 0; c < chunks; ++c) {
+    if (std::isnan(lo[c])) {
+      mn = mx = std::numeric_limits<float>::quiet_NaN();
+      break;
+    }
+    mn = std::min(mn, lo[c]);
+    mx = std::max(mx, hi[c]);
+  }
+  *mn_out = mn;
+  *mx_out = mx;
 }
 
 // ---- the packed weight ---------------------------------------------------------------------
