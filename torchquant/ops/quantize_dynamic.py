@@ -78,8 +78,15 @@ def _observer_rule(x: torch.Tensor, qdtype: _dt.QDType, qmin: Optional[int],
                         min=torch.tensor(eps, dtype=torch.float32).item())
     zero_point = torch.clamp(qmin - torch.round(min_neg / scale), qmin, qmax)
     inv = torch.reciprocal(scale.to(torch.float64)).to(torch.float32)
-    codes = torch.clamp(torch.round(x * inv) + zero_point, qmin, qmax)
-    codes = torch.where(torch.isnan(codes), torch.zeros_like(codes), codes)
+    # (inverse scale, zero point) through a one-element reduction: inductor keeps a reduction's
+    # result in a buffer, so the quantize loop loads the two numbers instead of recomputing the
+    # qparam arithmetic (a float64 division among it) for every vector; exact (max of one value)
+    params = torch.stack([inv, zero_point]).unsqueeze(-1).amax(-1)
+    inv, zp_f = params[0], params[1]
+    # no NaN mask (torchao maps NaN codes to 0): finite input gives none -- the eager op refuses
+    # NaN / Inf first, a compiled graph's codes for them are meaningless anyway -- and inductor
+    # turns the mask into a scalar loop per vector
+    codes = torch.clamp(torch.round(x * inv) + zp_f, qmin, qmax)
     return (codes.to(torch.int32).to(qdtype.storage_dtype), scale.to(torch.float64),
             zero_point.to(torch.int64))
 

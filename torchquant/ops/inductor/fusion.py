@@ -391,7 +391,9 @@ def _fuse_linear(g: _Graph, node: fx.Node) -> bool:
         dynamic = _dynamic_source(x_arg)
         if dynamic is None or tail.out is not None:  # (no static quantize after a dynamic one)
             return False
-        (q_x, x_scale, x_zp), x_shape = dynamic, None
+        # the shape where the graph has it: oneDNN packs the weight in the layout its kernel for
+        # that shape reads (a generic layout costs a reorder in every call)
+        (q_x, x_scale, x_zp), x_shape = dynamic, _static_shape(x_arg)
         target = torch.ops.onednn.qlinear_pointwise.tensor
         if x_arg.target in (aten.view.default, aten.reshape.default):
             with node.graph.inserting_before(node):
