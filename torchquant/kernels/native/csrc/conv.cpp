@@ -282,6 +282,27 @@ void epilogue_block512(const Epilogue& e, const int32_t* acc, int64_t ldc,
   run(e, acc, ldc, acc_rows, rows, count, n, c_begin, c_end, out);
 }
 
+// The in-bounds taps of depthwise output row r (of the flattened [N * OH * OW] image): each
+// one's input pixel and weights (C channels); how many there are.
+inline int64_t in_bounds_taps(const uint8_t* x, const int32_t* taps, int64_t C, int64_t H,
+                              int64_t W, int64_t OH, int64_t OW, int64_t KH, int64_t KW,
+                              int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
+                              int64_t dw, int64_t r, const uint8_t** src, const int32_t** tap) {
+  const int64_t n = r / (OH * OW), oh = (r / OW) % OH, ow = r % OW;
+  int64_t count = 0;
+  for (int64_t i = 0; i < KH; ++i) {
+    const int64_t ih = oh * sh - ph + i * dh;
+    if (ih < 0 || ih >= H) continue;
+    for (int64_t j = 0; j < KW; ++j) {
+      const int64_t iw = ow * sw - pw + j * dw;
+      if (iw < 0 || iw >= W) continue;
+      src[count] = x + ((n * H + ih) * W + iw) * C;
+      tap[count++] = taps + (i * KW + j) * C;
+    }
+  }
+  return count;
+}
+
 // Depthwise accumulators (zero point subtracted, so padding adds nothing) for output rows
 // [begin, end) of the flattened [N * OH * OW] image, C channels each.  Eight channels at a
 // time stay in a register across the row's in-bounds taps: one store per row and block.
@@ -293,18 +314,8 @@ __attribute__((target("avx2,fma"))) void depthwise_rows(
   std::vector<const int32_t*> tap(KH * KW);
   const __m256i zp = _mm256_set1_epi32(x_zp);
   for (int64_t r = begin; r < end; ++r) {
-    const int64_t n = r / (OH * OW), oh = (r / OW) % OH, ow = r % OW;
-    int64_t count = 0;
-    for (int64_t i = 0; i < KH; ++i) {
-      const int64_t ih = oh * sh - ph + i * dh;
-      if (ih < 0 || ih >= H) continue;
-      for (int64_t j = 0; j < KW; ++j) {
-        const int64_t iw = ow * sw - pw + j * dw;
-        if (iw < 0 || iw >= W) continue;
-        src[count] = x + ((n * H + ih) * W + iw) * C;
-        tap[count++] = taps + (i * KW + j) * C;
-      }
-    }
+    const int64_t count = in_bounds_taps(x, taps, C, H, W, OH, OW, KH, KW, sh, sw, ph, pw, dh,
+                                         dw, r, src.data(), tap.data());
     int32_t* a = acc + r * C;
     int64_t c = 0;
     for (; c + 32 <= C; c += 32) {  // four independent sums: mullo's latency overlaps
@@ -367,18 +378,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void depthwise_rows512(
   std::vector<const int32_t*> tap(KH * KW);
   const __m512i zp = _mm512_set1_epi32(x_zp);
   for (int64_t r = begin; r < end; ++r) {
-    const int64_t n = r / (OH * OW), oh = (r / OW) % OH, ow = r % OW;
-    int64_t count = 0;
-    for (int64_t i = 0; i < KH; ++i) {
-      const int64_t ih = oh * sh - ph + i * dh;
-      if (ih < 0 || ih >= H) continue;
-      for (int64_t j = 0; j < KW; ++j) {
-        const int64_t iw = ow * sw - pw + j * dw;
-        if (iw < 0 || iw >= W) continue;
-        src[count] = x + ((n * H + ih) * W + iw) * C;
-        tap[count++] = taps + (i * KW + j) * C;
-      }
-    }
+    const int64_t count = in_bounds_taps(x, taps, C, H, W, OH, OW, KH, KW, sh, sw, ph, pw, dh,
+                                         dw, r, src.data(), tap.data());
     int32_t* a = acc + r * C;
     int64_t c = 0;
     const __mmask16 all = 0xFFFF;
