@@ -10,14 +10,13 @@ uint8 Linear (fbgemm's requantizing epilogue, ReLU fused), and the dynamic LSTM 
 passes with ATen's own sigmoid / tanh math; every step in C++).  fbgemm picks AVX2 / AVX-512 /
 VNNI kernels at run time; :func:`force_isa` forces a lower one for tests.  On AMX CPUs the
 Linear's int32 accumulator (four rows and more) comes from torchquant's AMX tile GEMM
-(``csrc/amx.cpp``) and goes through fbgemm's own output processing: the same numbers.  The int8 2-d conv
-(``csrc/conv.cpp``): an AMX tile GEMM of torchquant's own reading the zero-point-padded input in
-place (``csrc/amx.cpp``; Sapphire Rapids and later), else fbgemm's im2col GEMM, a depthwise
-loop of torchquant's own, and oneDNN's requantization order: the integers of
-``onednn::qconv_pointwise`` without its per-call set-up (:func:`conv_preferred` says where that
-wins).  AMX runs where the CPU has it and neither ``TORCHQUANT_CPU_ISA`` (below ``amx``) nor
-:func:`force_isa` rules it out.  Two elementwise
-loops of torchquant's own (``csrc/elementwise.cpp``, AVX2 with a scalar twin,
+(``csrc/amx.cpp``) and goes through fbgemm's own output processing: the same numbers.  The
+int8 2-d conv (``csrc/conv.cpp``): that AMX GEMM reading the zero-point-padded input in place
+(Sapphire Rapids and later), else fbgemm's im2col GEMM, a depthwise loop of torchquant's own,
+and oneDNN's requantization order: the integers of ``onednn::qconv_pointwise`` without its
+per-call set-up (:func:`conv_preferred` says where that wins).  AMX runs where the CPU has it
+and neither ``TORCHQUANT_CPU_ISA`` (below ``amx``) nor :func:`force_isa` rules it out.  Two
+elementwise loops of torchquant's own (``csrc/elementwise.cpp``, AVX2 with a scalar twin,
 :data:`VECTOR_LOOPS`): the per-tensor quantize and the quantized add, the reference formulas'
 integers in one pass.
 
@@ -131,7 +130,7 @@ def _require() -> None:
 
 def isa() -> str:
     """The instruction set the native kernels use now: fbgemm's ('avx2', 'avx512',
-    'avx512_vnni', ...), with '+amx' where the conv runs on AMX tiles."""
+    'avx512_vnni', ...), with '+amx' where the conv and the Linear run on AMX tiles."""
     current = _state.get("isa")
     if current is None:
         _require()
@@ -143,7 +142,8 @@ def isa() -> str:
 
 
 def amx() -> bool:
-    """Whether the native conv runs its AMX int8 tile GEMM (exact for every uint8 code)."""
+    """Whether the native conv and Linear run the AMX int8 tile GEMM (exact for every uint8
+    code)."""
     return available() and bool(torch.ops.torchquant_native.amx_int8_active())
 
 
