@@ -99,3 +99,40 @@ def test_dynamic_linears_become_onednn_calls(dynamic_converted, how):
     # oneDNN's int8 GEMM against the eager graph's float linear on dequantized values: the
     # activation codes are the same; the float outputs differ by float32 rounding of the sums
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+class _GeluMLP(nn.Module):
+    """A transformer FFN: Linear -> GELU -> Linear on a 3-d activation (a view around each)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(16, 64), nn.Linear(64, 16)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+@pytest.mark.skipif(not klinear.onednn_u8s8_exact(), reason="oneDNN u8 x s8 inexact here")
+def test_gelu_after_a_dynamic_linear_is_onednns_post_op():
+    """The exact GELU after a dynamic linear (in the form inductor's decomposition gives it)
+    becomes the int8 call's post-op, as torchao's flow makes it: one pass over the activation
+    fewer.  oneDNN's GELU is its own polynomial, not ATen's: its outputs agree with ATen's to
+    float32 rounding (here the model's outputs to 5e-7), so the tolerance is that of the
+    other dynamic-linear test; a next dynamic quantize could in principle pick a scale an ulp
+    apart and shift a code at a tie."""
+    torch.manual_seed(0)
+    example = (torch.randn(2, 5, 16),)
+    exported = torch.export.export(_GeluMLP().eval(), example).module()
+    prepared = prepare_pt2e(exported, X86InductorQuantizer().set_global(
+        get_default_x86_inductor_quantization_config(is_dynamic=True)))
+    prepared(*example)
+    converted = convert_pt2e(prepared)
+    x = torch.randn(2, 5, 16) * 2
+    torch._dynamo.reset()
+    with inductor_config.patch(fx_graph_cache=False, freezing=True), torch.no_grad():
+        expected = converted(x)
+        out, code = run_and_get_code(torch.compile(copy.deepcopy(converted)), x)
+    code = "".join(code)
+    assert code.count("qlinear_pointwise.tensor(") == 2
+    assert "'gelu'" in code and ".erf()" not in code
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

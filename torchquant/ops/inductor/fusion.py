@@ -110,6 +110,32 @@ def _scalar(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _gelu_after(node: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
+    """The exact GELU a float linear output feeds alone (maybe through one view), as inductor's
+    decomposition spells it before freezing runs -- ``(y * 0.5) * (1 + erf(y * M_SQRT1_2))``:
+    (its input, its last node)."""
+    y = node
+    if len(y.users) == 1 and (_is(_single_user(y), aten.view.default)
+                              or _is(_single_user(y), aten.reshape.default)):
+        y = _single_user(y)
+    users = list(y.users)
+    if len(users) != 2 or not all(_is(u, aten.mul.Tensor) and len(u.args) == 2 for u in users):
+        return None
+    factors = {_scalar(u.args[1]) if u.args[0] is y else None: u for u in users}
+    half, root = factors.get(0.5), factors.get(0.7071067811865476)
+    if half is None or root is None:
+        return None
+    erf = _single_user(root)
+    one = _single_user(erf) if _is(erf, aten.erf.default) else None
+    if not (_is(one, aten.add.Tensor) and one.args[0] is erf and _scalar(one.args[1]) == 1.0):
+        return None
+    last = _single_user(one)
+    if not (_is(last, aten.mul.Tensor) and set(last.args) == {half, one}
+            and _single_user(half) is last):
+        return None
+    return y, last
+
+
 def _unary(node: Optional[fx.Node]) -> Optional[tuple[str, list, fx.Node]]:
     """oneDNN's name and scalars for a ReLU / hardtanh (ReLU6) starting at ``node``, and the
     node that ends it: inductor's decompositions spell hardtanh as ``clamp_min`` then
@@ -370,7 +396,8 @@ def _fuse_linear(g: _Graph, node: fx.Node) -> bool:
     linear.  A static activation (constant qparams) takes the quantize after the linear into
     the call; a dynamic one (qparams computed in the graph, the input maybe viewed to 2-D)
     gives a float output, oneDNN reading the qparams as tensors (as torchao's dynamic X86 flow
-    lowers)."""
+    lowers), with an exact GELU after it fused as oneDNN's post-op (its GELU agrees with
+    ATen's to float32 rounding)."""
     operands = _linear_operands(node)
     if operands is None:
         return False
@@ -399,6 +426,17 @@ def _fuse_linear(g: _Graph, node: fx.Node) -> bool:
             with node.graph.inserting_before(node):
                 q_x = node.graph.call_function(x_arg.target, (q_x, x_arg.args[1]))
             q_x.meta["val"] = q_x.args[0].meta["val"].view(x_arg.meta["val"].shape)
+    algorithm = ""
+    if static is None and tail.unary == "none":
+        gelu = _gelu_after(node)
+        if gelu is not None:  # oneDNN's GELU post-op (torchao's dynamic flow fuses it too)
+            tail.unary, algorithm = "gelu", "none"
+            y, last = gelu
+            if y is not node:   # gelu(view(x)) == view(gelu(x)): the view now reads the call
+                last.replace_all_uses_with(y)
+                _erase_dead(last)
+            else:
+                tail.last = last
     packed = torch.ops.onednn.qlinear_prepack(w, x_shape)
     gm_nodes = (g.constant(packed, node, "packed_linear_weight"),
                 g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"),
@@ -406,7 +444,7 @@ def _fuse_linear(g: _Graph, node: fx.Node) -> bool:
     out_scale, out_zp, out_dtype = ((*tail.out, torch.uint8) if tail.out
                                     else (1.0, 0, torch.float32))
     args = (q_x, x_scale, x_zp, *gm_nodes, out_scale, out_zp, out_dtype, tail.unary,
-            tail.scalars, "")
+            tail.scalars, algorithm)
     fake = _fake_like(tail.last.meta["val"], out_dtype, torch.contiguous_format)
     _replace(tail.last, target, args, fake)
     return True
