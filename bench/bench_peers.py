@@ -298,7 +298,7 @@ class _Encoder(nn.Module):
         return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
-def minilm(quick: bool, timing: dict, tmp: str) -> None:
+def minilm(quick: bool, timing: dict, tmp: str, shape: Optional[str] = None) -> None:
     import torch.ao.quantization as aoq
 
     import torchquant
@@ -308,6 +308,8 @@ def minilm(quick: bool, timing: dict, tmp: str) -> None:
         print("\nall-MiniLM-L6-v2 not installed: skipped")
         return
     batch, seq = (4, 32) if quick else (32, 128)
+    if shape:  # "BxT", e.g. 1x128
+        batch, seq = (int(v) for v in shape.lower().split("x"))
     encoder = _Encoder(minilm_example.load_model()[0].auto_model.eval()).eval()
     torch.manual_seed(0)
     ids = torch.randint(1000, 20000, (batch, seq))
@@ -554,6 +556,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--quick", action="store_true", help="small inputs and budgets")
     parser.add_argument("--only", default="tutorial,cnn,minilm,lstm",
                         help="comma-separated workloads (tutorial, cnn, minilm, lstm)")
+    parser.add_argument("--minilm-shape", default=None,
+                        help="MiniLM's batch x tokens, e.g. 1x128 (default 32x128)")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     torch.backends.quantized.engine = "x86"
@@ -566,7 +570,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only.split(","):
             print(f"\n## {name}")
-            workloads[name.strip()](args.quick, timing, tmp)
+            if name.strip() == "minilm":
+                minilm(args.quick, timing, tmp, args.minilm_shape)
+            else:
+                workloads[name.strip()](args.quick, timing, tmp)
 
 
 if __name__ == "__main__":
