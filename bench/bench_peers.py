@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import os
 import sys
 import tempfile
@@ -566,14 +567,12 @@ def main(argv: Optional[list[str]] = None) -> None:
           f"CPU {torch.backends.cpu.get_cpu_capability()}")
     print(_cpu_flags())
     print("ratios: row time / column time (smaller is faster)")
-    workloads = {"tutorial": tutorial, "cnn": cnn, "minilm": minilm, "lstm": lstm}
+    workloads = {"tutorial": tutorial, "cnn": cnn, "lstm": lstm,
+                 "minilm": functools.partial(minilm, shape=args.minilm_shape)}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only.split(","):
             print(f"\n## {name}")
-            if name.strip() == "minilm":
-                minilm(args.quick, timing, tmp, args.minilm_shape)
-            else:
-                workloads[name.strip()](args.quick, timing, tmp)
+            workloads[name.strip()](args.quick, timing, tmp)
 
 
 if __name__ == "__main__":

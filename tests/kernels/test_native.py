@@ -286,7 +286,9 @@ def test_static_linear_not_chosen_where_fbgemm_saturates():
 
 
 @pytest.mark.skipif(not (native.available() and native.amx()), reason="needs AMX-INT8")
-@pytest.mark.parametrize("rows,n,k", [(3, 70, 100), (4, 70, 100), (33, 300, 768), (100, 33, 65)])
+# (4 rows: the AMX path's lower bound; 70 x 20 outputs: one 32-column block, rows split over the
+# threads; 33 x 300: columns split; K = 100 / 65: the tiles read past a row, the last rows copied)
+@pytest.mark.parametrize("rows,n,k", [(4, 70, 100), (70, 20, 100), (33, 300, 768), (100, 33, 65)])
 def test_amx_linear_equals_the_fbgemm_linear_bit_for_bit(rows, n, k):
     """On AMX CPUs the static and dynamic Linear take the AMX tile GEMM (four rows and more)
     with fbgemm's own output processing: the same numbers as fbgemm's GEMM (weights with zero

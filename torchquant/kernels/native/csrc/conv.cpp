@@ -1,5 +1,6 @@
-// Int8 2-d convolution: fbgemm's im2col GEMM (a depthwise loop of our own) for the int32
-// accumulator, then oneDNN's requantization order, so the integers equal those of
+// Int8 2-d convolution: the AMX tile GEMM (amx.h) where the CPU has AMX, else fbgemm's im2col
+// GEMM (a depthwise loop of our own) for the int32 accumulator, then oneDNN's requantization
+// order, so the integers equal those of
 // onednn::qconv_pointwise / qconv2d_pointwise.binary -- what torch's x86 quantized conv and
 // torchquant's oneDNN path compute on VNNI / AMX CPUs -- without their per-call set-up.
 //
@@ -8,8 +9,9 @@
 //   out = clamp(round_half_even(y * (1 / out_scale) + out_zp), 0, 255)   (or y as float32)
 //
 // Activations are uint8 channels-last, weights int8 with zero point 0.  The weight is packed
-// once per (weight storage, instruction set) and cached beside it.  fbgemm's AVX2 kernels
-// saturate int16 pairs of products; the Python side uses this op only where they are exact.
+// once per (weight storage, instruction set, AMX or not) and cached beside it.  fbgemm's AVX2
+// kernels saturate int16 pairs of products; the Python side uses this op only where they are
+// exact (AMX is exact for every code).
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -440,36 +442,29 @@ void amx_conv(const uint8_t* x, uint8_t x_zp, int64_t N, int64_t IC, int64_t H, 
   const int64_t half_row_tiles = (OW + 15) / 16, halves = N * OH * half_row_tiles;
   const auto blocks_of = [](int64_t rows) { return (rows + kAmxRows - 1) / kAmxRows; };
   const int64_t flat_blocks_per_image = blocks_of(OH * Wp), half_blocks = (halves + 1) / 2;
+  const bool undilated = dh == 1 && dw == 1;
   AmxLayout layout = AmxLayout::kIm2col;
-  int64_t blocks = blocks_of(M);
   if (KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0) {
     layout = AmxLayout::kDirect;
-  } else if (dh == 1 && dw == 1) {
+  } else if (undilated) {
     const double step_ns = 40.0 * (b.Np / kAmxN) * steps;
     const double run_ns = 5.0 + KW * IC / 32.0;
-    double best = blocks * (step_ns + kAmxRows * KH * run_ns);
+    double best = blocks_of(M) * (step_ns + kAmxRows * KH * run_ns);
     if (half_blocks * step_ns < best) {
       best = half_blocks * step_ns;
       layout = AmxLayout::kHalves;
-      blocks = half_blocks;
     }
-    if (sh == sw && N * flat_blocks_per_image * step_ns < best) {
-      layout = AmxLayout::kFlat;
-      blocks = N * flat_blocks_per_image;
-    }
+    if (sh == sw && N * flat_blocks_per_image * step_ns < best) layout = AmxLayout::kFlat;
   }
   const int forced = forced_layout.load();
-  const bool undilated = dh == 1 && dw == 1;
-  if (forced == static_cast<int>(AmxLayout::kIm2col)) {
-    layout = AmxLayout::kIm2col;
-    blocks = blocks_of(M);
-  } else if (forced == static_cast<int>(AmxLayout::kHalves) && undilated) {
-    layout = AmxLayout::kHalves;
-    blocks = half_blocks;
-  } else if (forced == static_cast<int>(AmxLayout::kFlat) && undilated && sh == sw) {
-    layout = AmxLayout::kFlat;
-    blocks = N * flat_blocks_per_image;
+  if (forced == static_cast<int>(AmxLayout::kIm2col) ||
+      (forced == static_cast<int>(AmxLayout::kHalves) && undilated) ||
+      (forced == static_cast<int>(AmxLayout::kFlat) && undilated && sh == sw)) {
+    layout = static_cast<AmxLayout>(forced);
   }
+  const int64_t blocks = layout == AmxLayout::kHalves ? half_blocks
+                         : layout == AmxLayout::kFlat ? N * flat_blocks_per_image
+                                                      : blocks_of(M);
   const bool copies = layout == AmxLayout::kIm2col;
   std::vector<int64_t> a_steps(steps);
   for (int64_t i = 0; i < steps; ++i) {

@@ -27,6 +27,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace torchquant_native {
@@ -272,17 +273,45 @@ c10::intrusive_ptr<FbgemmLinearPack> fbgemm_pack_linear(const at::Tensor& weight
 // from the AMX tile GEMM (amx.h; exact, as fbgemm's), 32 rows at a time, and each block goes
 // through the very output processing fbgemm's GEMM would apply (its ReQuantizeOutput /
 // ReQuantizeForFloat objects, whose AVX2 and AVX-512 variants are one routine): the same
-// numbers as the fbgemm path, bit for bit.  `make_proc(row_offsets of the block)` builds it.
+// numbers as the fbgemm path, bit for bit.  `make_proc(row offsets of the block, or null for a
+// weight without zero points)` builds it.
 
 // Whether a call of M rows takes the AMX GEMM (a single row is bound by reading the weight).
 static bool use_amx(const FbgemmLinearPack& w, int64_t M) {
   return w.amx && M >= 4 && amx_int8_active();
 }
 
+// Sums of each row of a uint8 [M, K] matrix (fbgemm's row offsets).
+static std::vector<int32_t> row_sums(const uint8_t* a, int64_t M, int64_t K) {
+  std::vector<int32_t> sums(M);
+  at::parallel_for(0, M, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      int32_t sum = 0;
+      for (int64_t k = 0; k < K; ++k) sum += a[i * K + k];
+      sums[i] = sum;
+    }
+  });
+  return sums;
+}
+
+// Calls f with fbgemm's granularity of the pack's weight qparams as a compile-time constant.
+template <class F>
+static void with_granularity(const FbgemmLinearPack& w, F&& f) {
+  using G = fbgemm::QuantizationGranularity;
+  if (w.per_channel) {
+    f(std::integral_constant<G, G::OUT_CHANNEL>());
+  } else {
+    f(std::integral_constant<G, G::TENSOR>());
+  }
+}
+
 template <class Out, class MakeProc>
-static void amx_linear(const uint8_t* a, int64_t M, const FbgemmLinearPack& w,
-                       const int32_t* row_offsets, Out* out, const MakeProc& make_proc) {
+static void amx_linear(const uint8_t* a, int64_t M, const FbgemmLinearPack& w, Out* out,
+                       const MakeProc& make_proc) {
   const AmxPackedB& b = *w.amx;
+  const std::vector<int32_t> offsets =
+      w.symmetric ? std::vector<int32_t>() : row_sums(a, M, w.in_features);
+  const int32_t* row_offsets = offsets.empty() ? nullptr : offsets.data();
   const int64_t K = w.in_features, N = w.out_features;
   const int64_t steps = b.Kp / kAmxK, row_blocks = (M + kAmxRows - 1) / kAmxRows;
   const int64_t col_blocks = b.Np / kAmxN, threads = at::get_num_threads();
@@ -324,18 +353,6 @@ static void amx_linear(const uint8_t* a, int64_t M, const FbgemmLinearPack& w,
   });
 }
 
-// Sums of each row of a uint8 [M, K] matrix (fbgemm's row offsets).
-static std::vector<int32_t> row_sums(const uint8_t* a, int64_t M, int64_t K) {
-  std::vector<int32_t> sums(M);
-  at::parallel_for(0, M, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      int32_t sum = 0;
-      for (int64_t k = 0; k < K; ++k) sum += a[i * K + k];
-      sums[i] = sum;
-    }
-  });
-  return sums;
-}
 
 // ---- dynamic Linear --------------------------------------------------------------------------
 
@@ -355,23 +372,14 @@ static void gemm_dynamic(const float* x, int64_t M, const FbgemmLinearPack& w, Q
     at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
       fbgemm::Quantize<uint8_t>(x + begin * K, xq_p + begin * K, (end - begin) * K, tq);
     });
-    const std::vector<int32_t> offsets =
-        w.symmetric ? std::vector<int32_t>() : row_sums(xq_p, M, K);
-    const int32_t* ro = offsets.empty() ? nullptr : offsets.data();
     fbgemm::DoNothing<float, float> done;
-    if (w.per_channel) {
-      amx_linear(xq_p, M, w, ro, out, [&](const int32_t* row_offsets) {
-        return fbgemm::ReQuantizeForFloat<Relu, fbgemm::QuantizationGranularity::OUT_CHANNEL>(
+    with_granularity(w, [&](auto gran) {
+      amx_linear(xq_p, M, w, out, [&](const int32_t* row_offsets) {
+        return fbgemm::ReQuantizeForFloat<Relu, decltype(gran)::value>(
             done, q.scale, w.w_scale.data(), q.zero_point, w.w_zp.data(), row_offsets,
             w.col_offsets.data(), bias, static_cast<uint32_t>(N));
       });
-    } else {
-      amx_linear(xq_p, M, w, ro, out, [&](const int32_t* row_offsets) {
-        return fbgemm::ReQuantizeForFloat<Relu>(
-            done, q.scale, w.w_scale.data(), q.zero_point, w.w_zp.data(), row_offsets,
-            w.col_offsets.data(), bias, static_cast<uint32_t>(N));
-      });
-    }
+    });
     return;
   }
   auto acc = at::empty({M, N}, at::kInt);
@@ -606,26 +614,14 @@ static void gemm_static(const uint8_t* x, int64_t M, int32_t x_zp, const FbgemmL
   const int64_t N = w.out_features, K = w.in_features;
   const float* bias = w.bias.defined() ? w.bias.data_ptr<float>() : nullptr;
   if (use_amx(w, M)) {
-    const std::vector<int32_t> offsets = w.symmetric ? std::vector<int32_t>() : row_sums(x, M, K);
     fbgemm::DoNothing<uint8_t, uint8_t> done;
-    const auto make = [&](const int32_t* row_offsets) {
-      constexpr auto gran = fbgemm::QuantizationGranularity::OUT_CHANNEL;
-      return fbgemm::ReQuantizeOutput<Relu, gran, float>(
-          done, multiplier, out_zp, x_zp, w.w_zp.data(), row_offsets, w.col_offsets.data(), bias,
-          static_cast<uint32_t>(N), 1, act_times_w_scale);
-    };
-    const auto make_tensor = [&](const int32_t* row_offsets) {
-      constexpr auto gran = fbgemm::QuantizationGranularity::TENSOR;
-      return fbgemm::ReQuantizeOutput<Relu, gran, float>(
-          done, multiplier, out_zp, x_zp, w.w_zp.data(), row_offsets, w.col_offsets.data(), bias,
-          static_cast<uint32_t>(N), 1, act_times_w_scale);
-    };
-    const int32_t* ro = offsets.empty() ? nullptr : offsets.data();
-    if (w.per_channel) {
-      amx_linear(x, M, w, ro, out, make);
-    } else {
-      amx_linear(x, M, w, ro, out, make_tensor);
-    }
+    with_granularity(w, [&](auto gran) {
+      amx_linear(x, M, w, out, [&](const int32_t* row_offsets) {
+        return fbgemm::ReQuantizeOutput<Relu, decltype(gran)::value, float>(
+            done, multiplier, out_zp, x_zp, w.w_zp.data(), row_offsets, w.col_offsets.data(),
+            bias, static_cast<uint32_t>(N), 1, act_times_w_scale);
+      });
+    });
     return;
   }
   auto acc = at::empty({M, N}, at::kInt);
