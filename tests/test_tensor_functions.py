@@ -109,3 +109,30 @@ def test_quantize_per_tensor_dynamic_keeps_torchs_double_scale(qdtype, reduce_ra
     assert ours.q_scale() == theirs.q_scale()
     assert ours.q_zero_point() == theirs.q_zero_point()
     assert torch.equal(ours.int_repr(), theirs.int_repr())
+
+
+def test_quantize_per_tensor_shares_qparams_made_outside_tracing_only():
+    """Python-number qparams become 0-d tensors once and are shared in eager mode; a call under
+    a fake mode (export, make_fx) neither uses nor fills that cache (a fake scale kept there
+    would reach later eager tensors)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.randn(4, 6)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = tq.quantize_per_tensor(mode.from_tensor(x), 0.0123, 7, tq.quint8)
+        assert fake.int_data.shape == (4, 6)
+        real_input = tq.quantize_per_tensor(x, 0.0123, 7, tq.quint8)  # a constant, traced
+        assert real_input.int_data.shape == (4, 6)
+    q1 = tq.quantize_per_tensor(x, 0.0123, 7, tq.quint8)
+    q2 = tq.quantize_per_tensor(x * 2, 0.0123, 7, tq.quint8)
+    assert type(q1.scale) is torch.Tensor and type(q1.zero_point) is torch.Tensor
+    assert q1.scale is q2.scale and q1.zero_point is q2.zero_point
+    with tq.kernels.reference_only():
+        ref = tq.quantize_per_tensor(x, 0.0123, 7, tq.quint8)
+    assert torch.equal(q1.int_repr(), ref.int_repr())
+    assert torch.equal(q1.int_repr(), torch.quantize_per_tensor(x, 0.0123, 7,
+                                                                torch.quint8).int_repr())
+    with pytest.raises(ValueError, match="scale"):
+        tq.quantize_per_tensor(x, -1.0, 7, tq.quint8)
+    with pytest.raises(ValueError, match="zero_point"):
+        tq.quantize_per_tensor(x, 0.1, 300, tq.quint8)

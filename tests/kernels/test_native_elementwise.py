@@ -70,3 +70,23 @@ def test_quantize_keeps_channels_last_and_falls_back_elsewhere(loop):
                  (torch.randn(6, 3), *per_channel, 0, 255, torch.uint8, affine.FMA),
                  (torch.randn(9), inv, zp, 0, 255, torch.uint8, affine.MUL_ADD)):
         assert torch.equal(impls["native"].fn(*args), impls["reference"].fn(*args))
+
+
+@pytest.mark.parametrize("dtype,qmin,qmax", RANGES)
+@pytest.mark.parametrize("relu", [False, True])
+def test_add_plan_reads_channels_last_operands_in_place(loop, dtype, qmin, qmax, relu):
+    """The bound form (operands as numbers) on channels-last operands of one layout: the
+    reference's integers, the output channels-last (no contiguous copies)."""
+    g = torch.Generator().manual_seed(3)
+    x, y = (torch.randint(qmin, qmax + 1, (2, 24, 5, 7), generator=g).to(dtype)
+            .contiguous(memory_format=torch.channels_last) for _ in range(2))
+    operands = (_f32(0.02), _f32(0.02) * _f32(-3.0), _f32(0.05), _f32(0.05) * _f32(-9.0),
+                torch.reciprocal(_f32(0.04)), _f32(11.0))
+    ours = native.quantized_add_plan(operands, qmin, qmax, relu)(x, y)
+    ref = implementations("add")["reference"].fn(x, y, *operands, qmin, qmax, dtype, relu)
+    assert ours.is_contiguous(memory_format=torch.channels_last) and not ours.is_contiguous()
+    assert torch.equal(ours, ref)
+    # the tensor form takes mixed layouts through contiguous copies: the same integers
+    mixed = implementations("add")["native"].fn(x, y.contiguous(), *operands, qmin, qmax, dtype,
+                                                relu)
+    assert torch.equal(mixed, ref)

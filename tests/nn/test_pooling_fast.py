@@ -114,7 +114,8 @@ def test_global_adaptive_avg_pool(qdtype, layout):
     """Output size 1: rounding ties of both parities (zero points 47, 48) and 2-D / 3-D."""
     for seed, zero_point in enumerate((0, 47, 48, 255)):
         zp = zero_point - 128 if qdtype is tq.qint8 else zero_point
-        for shape in ((1, 512, 7, 7), (2, 5, 3, 11), (3, 1, 4, 4)):
+        # (2, 64, 1, 1): windows of one element, whose mean is the element itself
+        for shape in ((1, 512, 7, 7), (2, 5, 3, 11), (3, 1, 4, 4), (2, 64, 1, 1)):
             theirs, ours = make_pair(shape, zp, qdtype, seed, layout)
             for size in (1, (1, 1)):
                 assert_same(F.adaptive_avg_pool2d(theirs, size),
@@ -122,9 +123,10 @@ def test_global_adaptive_avg_pool(qdtype, layout):
             assert_same(F.adaptive_avg_pool2d(theirs, 1), F.adaptive_avg_pool2d(ours, 1))
             module = torch.nn.AdaptiveAvgPool2d((1, 1))
             assert_same(module(theirs), module(ours))
-        theirs, ours = make_pair((2, 6, 3, 5, 7), zp, qdtype, seed, layout)
-        assert_same(F.adaptive_avg_pool3d(theirs, 1), tqF.adaptive_avg_pool3d(ours, 1))
-        assert_same(F.adaptive_avg_pool3d(theirs, 1), F.adaptive_avg_pool3d(ours, 1))
+        for shape in ((2, 6, 3, 5, 7), (2, 6, 1, 1, 1)):
+            theirs, ours = make_pair(shape, zp, qdtype, seed, layout)
+            assert_same(F.adaptive_avg_pool3d(theirs, 1), tqF.adaptive_avg_pool3d(ours, 1))
+            assert_same(F.adaptive_avg_pool3d(theirs, 1), F.adaptive_avg_pool3d(ours, 1))
 
 
 def test_global_mean_table_equals_tensor_requantization():

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from .. import affine
+from .. import affine, kernels
 from . import quantize as ops_quantize
 from .. import dtypes as _dt
 from ._library import traced
@@ -236,6 +236,10 @@ def _float_pool_plan(ndim: int, kernel: Sequence[int], strides: Sequence[int],
     return lambda values: pool(values.to(torch.float32), *args).to(dtype)
 
 
+# The native 2-d max pooling where it applies (False: the torch-op paths, its references; tests)
+NATIVE_MAX_POOL = True
+_NATIVE_NCHW_MAX_TAPS = 1 << 16  # NCHW inputs pool natively up to this many tap reads
+
 # eager max pooling (no indices) per call signature: (input layout, pooling arguments) -> plan
 _EAGER_MAX_POOL_PLANS: dict = {}
 _SMALL_NHWC_POOL = 4096  # channels-last inputs up to this many values pool in float
@@ -251,10 +255,32 @@ def _max_pool_float(values: torch.Tensor, ndim: int, kernel: Sequence[int],
     return pooled.to(values.dtype)
 
 
+def _native_max_pool_plan(values: torch.Tensor, ndim: int, kernel: Sequence[int],
+                          strides: Sequence[int], pads: Sequence[int],
+                          dilations: Sequence[int],
+                          ceil_mode: bool) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
+    """The native 2-d max pooling (:func:`torchquant.kernels.native.max_pool2d`, one pass in
+    the input's layout) bound for inputs like ``values``, checked as torch's quantized kernel
+    checks; None where it does not apply (the separable torch-op path is its reference)."""
+    if ndim != 2 or not kernels.native.max_pool2d_applies(values):
+        return None
+    sizes = _max_pool_sizes(values.shape[2:], ndim, kernel, strides, pads, dilations, ceil_mode)
+    if values.is_contiguous() and math.prod(values.shape[:2]) * math.prod(sizes) * math.prod(
+            kernel) > _NATIVE_NCHW_MAX_TAPS:
+        return None  # the native NCHW loop is scalar: large inputs pool faster separably
+    args = (list(kernel), list(strides), list(pads), list(dilations), sizes)
+    return lambda v: kernels.native.max_pool2d(v, *args)
+
+
 def _max_pool(values: torch.Tensor, ndim: int, kernel: Sequence[int], strides: Sequence[int],
               pads: Sequence[int], dilations: Sequence[int], ceil_mode: bool,
               return_indices: bool = False):
     route = _max_pool_route(values, ndim, return_indices)
+    if route != "float" and NATIVE_MAX_POOL:
+        native = _native_max_pool_plan(values, ndim, kernel, strides, pads, dilations,
+                                       ceil_mode)
+        if native is not None:
+            return native(values)
     if route == "float":
         return _max_pool_float(values, ndim, kernel, strides, pads, dilations, ceil_mode,
                                return_indices)
@@ -335,7 +361,12 @@ def max_pool(values: torch.Tensor, ndim: int, kernel_size: IntOrTuple,
                                                    list(pads), list(dilations), ceil_mode)
     if key is not None:
         route = _max_pool_route(values, ndim, False)
-        if route == "nhwc" and values.numel() <= _SMALL_NHWC_POOL:
+        native = (_native_max_pool_plan(values, ndim, kernel, strides, pads, dilations,
+                                        ceil_mode)
+                  if route != "float" and NATIVE_MAX_POOL else None)
+        if native is not None:
+            plan = native
+        elif route == "nhwc" and values.numel() <= _SMALL_NHWC_POOL:
             # a few thousand values: torch's float kernel on the exact float copy is three
             # ops where the separable maxima are eight (measured ~3x faster at 32x8x8)
             _max_pool_sizes(_channels_last_view(values, ndim).shape[1:1 + ndim], ndim, kernel,
@@ -514,6 +545,13 @@ def _global_mean(values: torch.Tensor, zero_point: int, qd: _dt.QDType, ndim: in
     """Mean over the ``ndim`` innermost dims with :func:`_requantize_mean`'s numerics, from
     exact integer sums (no float64 pass, no per-call qparam tensors)."""
     count = math.prod(values.shape[values.dim() - ndim:]) if ndim else 1
+    if count == 1 and keepdim and values.element_size() == 1:
+        # the mean of one 8-bit element requantized to its own qparams is that element (its
+        # code less the zero point is exact in float32): the codes, in the layout the sums
+        # would have had
+        return values.clone(memory_format=_CHANNELS_LAST[ndim]
+                            if _global_mean_layout(values, ndim, keepdim)
+                            else torch.contiguous_format)
     eight_bit = values.element_size() == 1
     # 8-bit sums (and the zero point removed from them) fit int32 below 2**22 elements
     acc_dtype = torch.int32 if eight_bit and count < (1 << 22) else torch.int64

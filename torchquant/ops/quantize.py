@@ -125,6 +125,26 @@ def dequantize_8bit_eager(q: torch.Tensor, scale: float, zero_point: int) -> tor
 DECOMPOSED = "decomposed"
 
 
+_QUANTIZE_OPERANDS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _per_tensor_operands(scale: float, zero_point: int, device: torch.device,
+                         mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float32 (1/scale, zero point) :func:`affine.quantize_operands` makes for these
+    Python-number qparams, made once per qparams (eager calls of small tensors were mostly
+    this arithmetic).  The quantize kernels only read them."""
+    key = (float(scale), int(zero_point), device, mode)
+    operands = _QUANTIZE_OPERANDS.get(key)
+    if operands is None:
+        empty = torch.empty((), device=device)
+        _, inv, zp, _ = affine.quantize_operands(
+            empty, *affine.per_tensor_qparams(scale, zero_point, device), None, mode)
+        if len(_QUANTIZE_OPERANDS) >= 256:
+            _QUANTIZE_OPERANDS.clear()
+        operands = _QUANTIZE_OPERANDS[key] = (inv, zp)
+    return operands
+
+
 def quantize_per_tensor_int(x: torch.Tensor, scale: float, zero_point: int,
                             qdtype: _dt.QDType, rounding: Optional[str] = None) -> torch.Tensor:
     """:func:`torchquant.affine.quantize_per_tensor_int` on the fastest kernel that applies;
@@ -135,8 +155,14 @@ def quantize_per_tensor_int(x: torch.Tensor, scale: float, zero_point: int,
                          f"{rounding!r}")
     mode = affine.ROUND_ADD if rounding == DECOMPOSED else affine.quantize_mode(
         qdtype, per_channel=False)
-    codes = quantize_int(x, *affine.per_tensor_qparams(scale, zero_point, x.device),
-                         qdtype.qmin, qdtype.qmax, qdtype.storage_dtype, None, mode)
+    if (x.dtype == torch.float32 and type(x) is torch.Tensor and not torch.compiler.is_compiling()
+            and torch._C._len_torch_dispatch_stack() == 0):
+        inv, zp = _per_tensor_operands(scale, zero_point, x.device, mode)
+        fn = kernels.get("quantize", x, mode=mode, per_channel=False)
+        codes = fn(x, inv, zp, qdtype.qmin, qdtype.qmax, qdtype.storage_dtype, mode)
+    else:
+        codes = quantize_int(x, *affine.per_tensor_qparams(scale, zero_point, x.device),
+                             qdtype.qmin, qdtype.qmax, qdtype.storage_dtype, None, mode)
     nan = affine.nan_code(qdtype.qmin, qdtype.qmax, qdtype.storage_dtype, mode)
     if rounding == DECOMPOSED and nan != 0 and x.is_floating_point():
         codes = codes.masked_fill(torch.isnan(x), 0)

@@ -30,7 +30,7 @@ import logging
 import os
 import weakref
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -334,6 +334,32 @@ def quantized_add(x: torch.Tensor, y: torch.Tensor, x_scale: torch.Tensor,
     return torch.ops.torchquant_native.quantized_add(x, y, x_scale, x_premul, y_scale, y_premul,
                                                      inv_out, zp_out, qmin, qmax, relu,
                                                      VECTOR_LOOPS)
+
+
+def quantized_add_plan(operands: Sequence[torch.Tensor], qmin: int, qmax: int,
+                       relu: bool) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """:func:`quantized_add` bound to its six one-element float32 operands, read once:
+    ``plan(x, y)`` for operands of one shape, storage dtype and dense layout (the caller's
+    checks), the output in that layout."""
+    numbers = [float(t) for t in operands]
+    op = torch.ops.torchquant_native.quantized_add_numbers.default
+    return lambda x, y: op(x, y, *numbers, qmin, qmax, relu, VECTOR_LOOPS)
+
+
+def max_pool2d_applies(values: torch.Tensor) -> bool:
+    """Whether :func:`max_pool2d` takes ``values``: 4-d uint8 / int8 on the CPU, contiguous or
+    channels-last, the extension loaded."""
+    return (available() and values.device.type == "cpu" and values.dim() == 4
+            and values.dtype in (torch.uint8, torch.int8) and _dense(values))
+
+
+def max_pool2d(values: torch.Tensor, kernel: Sequence[int], stride: Sequence[int],
+               padding: Sequence[int], dilation: Sequence[int],
+               out_size: Sequence[int]) -> torch.Tensor:
+    """2-d max pooling of 8-bit codes in one native pass (padded taps never win), to the
+    output size the caller computed and checked; the output keeps the input's layout."""
+    return torch.ops.torchquant_native.max_pool2d_8bit.default(
+        values, list(kernel), list(stride), list(padding), list(dilation), list(out_size))
 
 
 def _dense(x: torch.Tensor) -> bool:

@@ -132,23 +132,51 @@ float scalar_of(const at::Tensor& t, const char* what) {
 // out = quantized add of x and y (same shape, both uint8 or both int8).  The 0-d float32
 // operands are those of the reference formula: scale and -zp * scale per input, the output's
 // inverse scale and zero point.
+namespace {
+at::Tensor quantized_add_impl(const at::Tensor& x, const at::Tensor& y, const AddOperands& o,
+                              bool use_avx2);
+}  // namespace
+
 at::Tensor quantized_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor& x_scale,
                          const at::Tensor& x_premul, const at::Tensor& y_scale,
                          const at::Tensor& y_premul, const at::Tensor& inv_out,
                          const at::Tensor& zp_out, int64_t qmin, int64_t qmax, bool relu,
                          bool use_avx2) {
+  const AddOperands o{scalar_of(x_scale, "x_scale"), scalar_of(x_premul, "x_premul"),
+                      scalar_of(y_scale, "y_scale"), scalar_of(y_premul, "y_premul"),
+                      scalar_of(inv_out, "inv_out"), scalar_of(zp_out, "zp_out"),
+                      static_cast<float>(qmin), static_cast<float>(qmax), relu};
+  return quantized_add_impl(x, y, o, use_avx2);
+}
+
+// quantized_add with its float32 operands passed as numbers (each a float32 value, exact as a
+// double): the eager plans' form, without six one-element tensor reads per call.
+at::Tensor quantized_add_numbers(const at::Tensor& x, const at::Tensor& y, double x_scale,
+                                 double x_premul, double y_scale, double y_premul,
+                                 double inv_out, double zp_out, int64_t qmin, int64_t qmax,
+                                 bool relu, bool use_avx2) {
+  const AddOperands o{static_cast<float>(x_scale), static_cast<float>(x_premul),
+                      static_cast<float>(y_scale), static_cast<float>(y_premul),
+                      static_cast<float>(inv_out), static_cast<float>(zp_out),
+                      static_cast<float>(qmin), static_cast<float>(qmax), relu};
+  return quantized_add_impl(x, y, o, use_avx2);
+}
+
+namespace {
+at::Tensor quantized_add_impl(const at::Tensor& x, const at::Tensor& y, const AddOperands& o,
+                              bool use_avx2) {
   TORCH_CHECK_VALUE(x.scalar_type() == y.scalar_type() &&
                         (x.scalar_type() == at::kByte || x.scalar_type() == at::kChar),
                     "quantized_add: both operands uint8 or both int8, got ", x.scalar_type(),
                     " and ", y.scalar_type());
   TORCH_CHECK_VALUE(x.sizes() == y.sizes(), "quantized_add: operands of shapes ", x.sizes(),
                     " and ", y.sizes());
-  const AddOperands o{scalar_of(x_scale, "x_scale"), scalar_of(x_premul, "x_premul"),
-                      scalar_of(y_scale, "y_scale"), scalar_of(y_premul, "y_premul"),
-                      scalar_of(inv_out, "inv_out"), scalar_of(zp_out, "zp_out"),
-                      static_cast<float>(qmin), static_cast<float>(qmax), relu};
-  const at::Tensor xc = x.contiguous(), yc = y.contiguous();
+  // Operands of one dense layout (channels-last ones too) are read in place, the output in
+  // that layout; others are made contiguous first.
+  const bool in_place = x.strides() == y.strides() && x.is_non_overlapping_and_dense();
+  const at::Tensor xc = in_place ? x : x.contiguous(), yc = in_place ? y : y.contiguous();
   at::Tensor out = at::empty_like(xc);
+  TORCH_CHECK(out.strides() == xc.strides(), "quantized_add: layout not kept");
   const int64_t n = xc.numel();
   constexpr int64_t kGrain = 1 << 15;
   auto run = [&](auto* xp, auto* yp, auto* op) {
@@ -167,6 +195,7 @@ at::Tensor quantized_add(const at::Tensor& x, const at::Tensor& y, const at::Ten
   }
   return out;
 }
+}  // namespace
 
 // The 8-bit codes of float32 ``x`` (any dense layout, kept) quantized per tensor with the
 // float32 inverse scale and zero point.
@@ -206,11 +235,15 @@ TORCH_LIBRARY_FRAGMENT(torchquant_native, m) {
   m.def("quantized_add(Tensor x, Tensor y, Tensor x_scale, Tensor x_premul, Tensor y_scale, "
         "Tensor y_premul, Tensor inv_out, Tensor zp_out, int qmin, int qmax, bool relu, "
         "bool use_avx2) -> Tensor");
+  m.def("quantized_add_numbers(Tensor x, Tensor y, float x_scale, float x_premul, "
+        "float y_scale, float y_premul, float inv_out, float zp_out, int qmin, int qmax, "
+        "bool relu, bool use_avx2) -> Tensor");
   m.def("quantize_per_tensor_fma(Tensor x, Tensor inv, Tensor zero_point, int qmin, int qmax, "
         "float nan_code, bool is_signed, bool use_avx2) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(torchquant_native, CPU, m) {
   m.impl("quantized_add", &torchquant_native::quantized_add);
+  m.impl("quantized_add_numbers", &torchquant_native::quantized_add_numbers);
   m.impl("quantize_per_tensor_fma", &torchquant_native::quantize_per_tensor_fma);
 }
