@@ -415,6 +415,11 @@ int64_t out_dim(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
 // How the AMX conv forms its A tiles (see amx_conv).
 enum class AmxLayout { kDirect, kFlat, kHalves, kIm2col };
 
+// The AMX conv splits columns across threads for every row block (see amx_conv) when it has
+// fewer than this many row blocks per thread and a packed weight of at least this many bytes.
+constexpr int64_t kColumnSplitMaxBlocks = 8;
+constexpr int64_t kColumnSplitMinWeightBytes = int64_t{1} << 19;
+
 // A layout tests force where it applies (-1: the estimate's choice).
 std::atomic<int> forced_layout{-1};
 
@@ -516,8 +521,15 @@ void amx_conv(const uint8_t* x, uint8_t x_zp, int64_t N, int64_t IC, int64_t H, 
   const int64_t lda = copies ? b.Kp : sw * IC;
   const int64_t col_blocks = b.Np / kAmxN;
   const int64_t threads = at::get_num_threads();
+  // Few row blocks against a large weight: each thread takes a share of the columns for every
+  // row block (split-major tasks), so that it streams its share of B from memory once and
+  // re-reads it from its own cache, where a row block per thread would stream all of B on
+  // every thread.
+  const bool column_major = blocks >= threads && blocks < kColumnSplitMaxBlocks * threads &&
+                            b.Kp * b.Np >= kColumnSplitMinWeightBytes && col_blocks >= threads;
   const int64_t col_splits =
-      blocks >= threads ? 1 : std::min(col_blocks, (threads + blocks - 1) / blocks);
+      column_major ? threads
+      : blocks >= threads ? 1 : std::min(col_blocks, (threads + blocks - 1) / blocks);
   const int64_t end_of_x = N * H * W * IC;
   at::parallel_for(0, blocks * col_splits, 1, [&](int64_t begin, int64_t end) {
     std::vector<uint8_t> local;  // an im2col block, or the direct input's last rows
@@ -530,7 +542,8 @@ void amx_conv(const uint8_t* x, uint8_t x_zp, int64_t N, int64_t IC, int64_t H, 
     const uint8_t* a_hi = nullptr;
     amx_tiles_begin();
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t block = task / col_splits, split = task % col_splits;
+      const int64_t block = column_major ? task % blocks : task / col_splits;
+      const int64_t split = column_major ? task / blocks : task % col_splits;
       if (block != have) {  // the block's A rows and the output row of each accumulator row
         have = block;
         count = 0;
