@@ -125,8 +125,9 @@ def conv_cases(timing: dict) -> list:
             qx = torch.quantize_per_tensor(x, 0.03, 64, torch.quint8).contiguous(
                 memory_format=torch.channels_last)
             x_int = qx.int_repr()
-            x_scale, x_zp = torch.tensor(0.03, dtype=torch.float64), torch.tensor(64)
-            out_scale, out_zp = torch.tensor(0.2, dtype=torch.float64), torch.tensor(70)
+            # Python-number qparams, as torch.ao's call takes its output qparams and as modules
+            # call (tensor qparams take the unplanned, re-checked path every call)
+            x_scale, x_zp, out_scale, out_zp = 0.03, 64, 0.2, 70
             packed = pack_conv_weight(qw.int_repr(), qw.q_per_channel_scales(),
                                       qw.q_per_channel_zero_points(), 0, b, stride, pad)
             t = best_times({

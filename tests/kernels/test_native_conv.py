@@ -351,3 +351,19 @@ def test_depthwise_avx512_loops_equal_the_avx2_loops():
                     native.force_isa("auto")
             for a, b in zip(outs["auto"], outs["avx2"]):
                 assert torch.equal(a, b), (shape, unary)
+
+
+@pytest.mark.skipif(not native.amx(), reason="needs AMX-INT8")
+def test_conv_preferred_leaves_large_zero_point_free_convs_to_onednn():
+    """An input zero point of 0 spares oneDNN its compensation: from 2048 output rows and 50 M
+    MACs its AMX kernel wins (ResNet-18's 56x56 convs at batch 1); with another zero point, or
+    an unknown one, or a smaller conv, the native conv keeps them."""
+    big = ((1, 64, 56, 56), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 1)
+    small = ((1, 64, 16, 16), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 1)
+    assert not native.conv_preferred(*big, x_zero_point=0)
+    assert native.conv_preferred(*big, x_zero_point=64)
+    assert native.conv_preferred(*big)
+    assert native.conv_preferred(*small, x_zero_point=0)
+    # a symbolic batch is judged at batch 16: 4096 rows, 151 M MACs
+    assert not native.conv_preferred_any_batch((64, 16, 16), *small[1:], x_zero_point=0)
+    assert native.conv_preferred_any_batch((64, 16, 16), *small[1:], x_zero_point=64)

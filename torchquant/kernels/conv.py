@@ -390,7 +390,8 @@ def _native_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedC
     rounding differences (tests/kernels/test_native_conv.py)."""
     if (packed.spatial_dims != 2 or packed.onednn_weight is None
             or not _native.conv_preferred(x.shape, packed.weight.shape, packed.stride,
-                                          packed.padding, packed.dilation, packed.groups)):
+                                          packed.padding, packed.dilation, packed.groups,
+                                          int(x_zp))):
         return None
     if post_op.name in ("none", "relu"):
         unary = post_op.name

@@ -217,13 +217,20 @@ _CONV_MAX_ROWS = 1024               # output pixels (batch x height x width)
 _CONV_MAX_MACS = 20_000_000         # rows x (in / groups x kernel) x out channels
 _CONV_MAX_DEPTHWISE = 40_000        # depthwise: rows x channels
 _AMX_CONV_MAX_MACS = 300_000_000
+# An input zero point of 0 (activations after ReLU) spares oneDNN its zero-point compensation:
+# its AMX kernel then wins at many output rows (ResNet-18's 56x56 convs and 7x7 stem at batch
+# 1: 1.2-1.3x faster than the native conv; at zero point 64 it is 1.2x slower).
+_AMX_ZERO_ZP_MAX_ROWS = 2048
+_AMX_ZERO_ZP_MIN_MACS = 50_000_000
 
 
 def conv_preferred(x_shape: Sequence[int], weight_shape: Sequence[int], stride: Sequence[int],
-                   padding: Sequence[int], dilation: Sequence[int], groups: int) -> bool:
+                   padding: Sequence[int], dilation: Sequence[int], groups: int,
+                   x_zero_point: Optional[int] = None) -> bool:
     """Whether ``torchquant_native::qconv2d`` should run this uint8 conv (static shape, int8
-    weight with zero zero points): a 2-d conv, plain or depthwise, small enough that oneDNN's
-    per-call set-up dominates, on a CPU whose native products are exact (AMX or VNNI)."""
+    weight with zero zero points, input zero point ``x_zero_point``, None if unknown): a 2-d
+    conv, plain or depthwise, small enough that oneDNN's per-call set-up dominates, on a CPU
+    whose native products are exact (AMX or VNNI)."""
     if len(x_shape) != 4 or len(weight_shape) != 4 or not available():
         return False
     on_amx = amx()
@@ -243,20 +250,24 @@ def conv_preferred(x_shape: Sequence[int], weight_shape: Sequence[int], stride: 
         return rows * c <= _CONV_MAX_DEPTHWISE and exact_u8()
     macs = rows * icg * kh * kw * oc
     if on_amx:
+        if x_zero_point == 0 and rows >= _AMX_ZERO_ZP_MAX_ROWS and macs >= _AMX_ZERO_ZP_MIN_MACS:
+            return False
         return macs <= _AMX_CONV_MAX_MACS
     return rows <= _CONV_MAX_ROWS and macs <= _CONV_MAX_MACS
 
 
 def conv_preferred_any_batch(image_shape: Sequence[int], weight_shape: Sequence[int],
                              stride: Sequence[int], padding: Sequence[int],
-                             dilation: Sequence[int], groups: int) -> bool:
+                             dilation: Sequence[int], groups: int,
+                             x_zero_point: Optional[int] = None) -> bool:
     """:func:`conv_preferred` for a graph compiled with a symbolic batch (``image_shape``: the
     activation's (channels, height, width)): on AMX, a plain conv the native conv wins at batch
     16; at larger batches its kernel stays within about a quarter of oneDNN's, without
     oneDNN's per-call set-up (measured in "Small Conv2d").  Elsewhere never: fbgemm's GEMM
     loses to oneDNN's from a few images on."""
     return (groups == 1 and amx()
-            and conv_preferred((16, *image_shape), weight_shape, stride, padding, dilation, groups))
+            and conv_preferred((16, *image_shape), weight_shape, stride, padding, dilation, groups,
+                               x_zero_point))
 
 
 def _applies(x: torch.Tensor, packed: Any = None, reduce_range: bool = True, **_: Any) -> bool:

@@ -257,10 +257,11 @@ def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: f
     x_shape = _static_shape(q_x)
     image = _image_shape(q_x)
     if (not is_packaging() and not bool(w_zp.any())
-            and (_native.conv_preferred(x_shape, w.shape, stride, padding, dilation, groups)
+            and (_native.conv_preferred(x_shape, w.shape, stride, padding, dilation, groups,
+                                        x_zp)
                  if x_shape is not None else
                  image is not None and _native.conv_preferred_any_batch(
-                     image, w.shape, stride, padding, dilation, groups))):
+                     image, w.shape, stride, padding, dilation, groups, x_zp))):
         addend = (None, 1.0, 0) if other is None else other
         args = (q_x, x_scale, x_zp, g.constant(w.contiguous(), node, "conv_weight"),
                 g.constant(w_scale, node, "weight_scale"), bias_node, *geometry, *addend,
