@@ -1,5 +1,5 @@
-"""kernels.native: the per-tensor quantize and the quantized add (+ReLU) in C++ (AVX2 loop and
-scalar loop) give the reference formulas' integers bit for bit (kernels/reference.py)."""
+"""kernels.native: the per-tensor quantize and the quantized add (+ReLU) in C++ (AVX-512, AVX2
+and scalar loops) give the reference formulas' integers bit for bit (kernels/reference.py)."""
 import pytest
 import torch
 
@@ -11,9 +11,17 @@ pytestmark = pytest.mark.skipif(not native.available(), reason=native.describe()
 RANGES = [(torch.uint8, 0, 255), (torch.int8, -128, 127)]
 
 
-@pytest.fixture(params=[True, False], ids=["avx2", "scalar"])
+@pytest.fixture(params=["widest", "avx2", "scalar"])
 def loop(request, monkeypatch):
-    monkeypatch.setattr(native, "VECTOR_LOOPS", request.param)
+    """The loops the CPU's widest vectors run (AVX-512 where fbgemm runs it), the AVX2 loops
+    (fbgemm forced to AVX2) and the scalar loops."""
+    monkeypatch.setattr(native, "VECTOR_LOOPS", request.param != "scalar")
+    if request.param == "avx2":
+        native.force_isa("avx2")
+        yield
+        native.force_isa("auto")
+    else:
+        yield
 
 
 def _f32(v):

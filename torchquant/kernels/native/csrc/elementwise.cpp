@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <fbgemm/Fbgemm.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -84,6 +85,46 @@ __attribute__((target("avx2,fma"))) void add_avx2(const T* x, const T* y, T* out
   add_scalar(x, y, out, i, end, o);
 }
 
+template <typename T>
+__attribute__((target("avx512f,avx512bw"))) inline __m512 load16(const T* p) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m512i ints = std::is_same<T, uint8_t>::value ? _mm512_cvtepu8_epi32(bytes)
+                                                       : _mm512_cvtepi8_epi32(bytes);
+  return _mm512_cvtepi32_ps(ints);
+}
+
+// 16 in-range integer floats to 8-bit codes (no saturation happens: they are clamped)
+template <typename T>
+__attribute__((target("avx512f,avx512bw"))) inline void store16(T* p, __m512 q) {
+  const __m512i v32 = _mm512_cvtps_epi32(q);
+  const __m128i v8 = std::is_same<T, uint8_t>::value ? _mm512_cvtusepi32_epi8(v32)
+                                                     : _mm512_cvtsepi32_epi8(v32);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v8);
+}
+
+// add_avx2's operations on 16 lanes, in the same order (the same integers)
+template <typename T>
+__attribute__((target("avx512f,avx512bw"))) void add_avx512(const T* x, const T* y, T* out,
+                                                          int64_t begin, int64_t end,
+                                                          const AddOperands& o) {
+  const __m512 xs = _mm512_set1_ps(o.x_scale), xp = _mm512_set1_ps(o.x_premul);
+  const __m512 ys = _mm512_set1_ps(o.y_scale), yp = _mm512_set1_ps(o.y_premul);
+  const __m512 inv = _mm512_set1_ps(o.inv_out), zp = _mm512_set1_ps(o.zp_out);
+  const __m512 lo = _mm512_set1_ps(o.qmin), hi = _mm512_set1_ps(o.qmax);
+  const __m512 zero = _mm512_setzero_ps();
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    __m512 t = _mm512_add_ps(_mm512_fmadd_ps(load16(x + i), xs, xp),
+                             _mm512_fmadd_ps(load16(y + i), ys, yp));
+    if (o.relu) t = _mm512_max_ps(t, zero);
+    __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(t, inv),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(q, zp), lo), hi);
+    store16(out + i, q);
+  }
+  add_avx2(x, y, out, i, end, o);
+}
+
 struct QuantizeOperands {
   float inv, zp, nan_code, qmin, qmax;
 };
@@ -119,6 +160,31 @@ __attribute__((target("avx2,fma"))) void quantize_avx2(const float* x, T* out, i
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), v8);
   }
   quantize_scalar(x, out, i, end, o);
+}
+
+// quantize_avx2's operations on 16 lanes, in the same order (the same integers)
+template <typename T>
+__attribute__((target("avx512f,avx512bw"))) void quantize_avx512(const float* x, T* out,
+                                                               int64_t begin, int64_t end,
+                                                               const QuantizeOperands& o) {
+  const __m512 inv = _mm512_set1_ps(o.inv), zp = _mm512_set1_ps(o.zp);
+  const __m512 nan_code = _mm512_set1_ps(o.nan_code);
+  const __m512 lo = _mm512_set1_ps(o.qmin), hi = _mm512_set1_ps(o.qmax);
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    __m512 y = _mm512_roundscale_ps(_mm512_fmadd_ps(_mm512_loadu_ps(x + i), inv, zp),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, y, _CMP_ORD_Q), nan_code, y);
+    y = _mm512_min_ps(_mm512_max_ps(y, lo), hi);
+    store16(out + i, y);
+  }
+  quantize_avx2(x, out, i, end, o);
+}
+
+// The AVX-512 loops where fbgemm runs AVX-512 (forcing fbgemm to AVX2 tests the AVX2 loops)
+bool wide_loops() {
+  const auto isa = fbgemm::fbgemmInstructionSet();
+  return isa == fbgemm::inst_set_t::avx512 || isa == fbgemm::inst_set_t::avx512_vnni;
 }
 
 float scalar_of(const at::Tensor& t, const char* what) {
@@ -179,9 +245,12 @@ at::Tensor quantized_add_impl(const at::Tensor& x, const at::Tensor& y, const Ad
   TORCH_CHECK(out.strides() == xc.strides(), "quantized_add: layout not kept");
   const int64_t n = xc.numel();
   constexpr int64_t kGrain = 1 << 15;
+  const bool wide = use_avx2 && wide_loops();
   auto run = [&](auto* xp, auto* yp, auto* op) {
     at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-      if (use_avx2) {
+      if (wide) {
+        add_avx512(xp, yp, op, begin, end, o);
+      } else if (use_avx2) {
         add_avx2(xp, yp, op, begin, end, o);
       } else {
         add_scalar(xp, yp, op, begin, end, o);
@@ -212,9 +281,12 @@ at::Tensor quantize_per_tensor_fma(const at::Tensor& x, const at::Tensor& inv,
   const float* xp = x.data_ptr<float>();
   const int64_t n = x.numel();
   constexpr int64_t kGrain = 1 << 15;
+  const bool wide = use_avx2 && wide_loops();
   auto run = [&](auto* op) {
     at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-      if (use_avx2) {
+      if (wide) {
+        quantize_avx512(xp, op, begin, end, o);
+      } else if (use_avx2) {
         quantize_avx2(xp, op, begin, end, o);
       } else {
         quantize_scalar(xp, op, begin, end, o);
