@@ -286,13 +286,18 @@ def test_static_linear_not_chosen_where_fbgemm_saturates():
 
 
 @pytest.mark.skipif(not (native.available() and native.amx()), reason="needs AMX-INT8")
-# (4 rows: the AMX path's lower bound; 70 x 20 outputs: one 32-column block, rows split over the
-# threads; 33 x 300: columns split; K = 100 / 65: the tiles read past a row, the last rows copied)
-@pytest.mark.parametrize("rows,n,k", [(4, 70, 100), (70, 20, 100), (33, 300, 768), (100, 33, 65)])
+# (4 rows: the tiles' lower bound; 70 x 20 outputs: one 32-column block, rows split over the
+# threads; 33 x 300: columns split; K = 100 / 65: the tiles read past a row, the last rows copied;
+# 1-3 rows: the VNNI loop, with 64- and 32-column panel groups, K not a multiple of 4 and an odd
+# number of 4-byte groups)
+@pytest.mark.parametrize("rows,n,k", [(4, 70, 100), (70, 20, 100), (33, 300, 768), (100, 33, 65),
+                                      (1, 70, 101), (2, 300, 768), (3, 33, 65), (1, 3072, 768),
+                                      (3, 96, 12)])
 def test_amx_linear_equals_the_fbgemm_linear_bit_for_bit(rows, n, k):
-    """On AMX CPUs the static and dynamic Linear take the AMX tile GEMM (four rows and more)
-    with fbgemm's own output processing: the same numbers as fbgemm's GEMM (weights with zero
-    points, ReLU, per tensor and per channel, full-range and reduce_range activations)."""
+    """On AMX CPUs the static and dynamic Linear take the AMX packing's GEMMs (the tiles from
+    four rows on, AVX-512 VNNI on the same packing below) with fbgemm's own output processing:
+    the same numbers as fbgemm's GEMM (weights with zero points, ReLU, per tensor and per
+    channel, full-range and reduce_range activations)."""
     from torchquant.kernels import cpu_isa
     ops = torch.ops.torchquant_native
     gen = torch.Generator().manual_seed(rows)

@@ -113,6 +113,70 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_gemm_rows(
   }
 }
 
+namespace {
+
+// P panels (16 columns each) of R rows: R x P accumulators, the reduction split in two halves
+// (even / odd 4-byte groups) so that twice as many VPDPBUSD chains run at once.
+template <int R, int P>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_panels(
+    const int32_t* a4, int64_t kgroups, const int8_t* panels, int64_t panel_bytes, int32_t* c,
+    int64_t ldc) {
+  __m512i acc[2][R][P];
+  for (int h = 0; h < 2; ++h)
+    for (int r = 0; r < R; ++r)
+      for (int p = 0; p < P; ++p) acc[h][r][p] = _mm512_setzero_si512();
+  int64_t i = 0;
+  for (; i + 2 <= kgroups; i += 2) {
+    for (int h = 0; h < 2; ++h) {
+      __m512i bv[P];
+      for (int p = 0; p < P; ++p) bv[p] = _mm512_load_si512(panels + p * panel_bytes + (i + h) * 64);
+      for (int r = 0; r < R; ++r) {
+        const __m512i av = _mm512_set1_epi32(a4[r * kgroups + i + h]);
+        for (int p = 0; p < P; ++p) acc[h][r][p] = _mm512_dpbusd_epi32(acc[h][r][p], av, bv[p]);
+      }
+    }
+  }
+  for (; i < kgroups; ++i) {
+    for (int r = 0; r < R; ++r) {
+      const __m512i av = _mm512_set1_epi32(a4[r * kgroups + i]);
+      for (int p = 0; p < P; ++p)
+        acc[0][r][p] = _mm512_dpbusd_epi32(
+            acc[0][r][p], av, _mm512_load_si512(panels + p * panel_bytes + i * 64));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p)
+      _mm512_storeu_si512(c + r * ldc + p * 16, _mm512_add_epi32(acc[0][r][p], acc[1][r][p]));
+}
+
+template <int R>
+void vnni_rows(const int32_t* a4, int64_t kgroups, const AmxPackedB& b, int64_t n_begin,
+               int64_t n_end, int32_t* c, int64_t ldc) {
+  const int64_t panel_bytes = kgroups * 64;
+  int64_t n = n_begin;
+  for (; n + 64 <= n_end; n += 64)
+    vnni_panels<R, 4>(a4, kgroups, b.data.get() + (n / 16) * panel_bytes, panel_bytes, c + n, ldc);
+  for (; n < n_end; n += 32)
+    vnni_panels<R, 2>(a4, kgroups, b.data.get() + (n / 16) * panel_bytes, panel_bytes, c + n, ldc);
+}
+
+}  // namespace
+
+void vnni_gemv_rows(const uint8_t* a, int64_t rows, int64_t lda, const AmxPackedB& b,
+                    int64_t n_begin, int64_t n_end, int32_t* c, int64_t ldc) {
+  TORCH_CHECK(rows >= 1 && rows <= 3, "vnni_gemv_rows: 1 to 3 rows, got ", rows);
+  // each row's 4-byte groups as int32 broadcasts, zero past K (the packing's zero rows meet them)
+  const int64_t kgroups = b.Kp / 4;
+  std::vector<int32_t> a4(rows * kgroups, 0);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(reinterpret_cast<uint8_t*>(a4.data() + r * kgroups), a + r * lda, b.K);
+  switch (rows) {
+    case 1: vnni_rows<1>(a4.data(), kgroups, b, n_begin, n_end, c, ldc); break;
+    case 2: vnni_rows<2>(a4.data(), kgroups, b, n_begin, n_end, c, ldc); break;
+    default: vnni_rows<3>(a4.data(), kgroups, b, n_begin, n_end, c, ldc); break;
+  }
+}
+
 TORCH_LIBRARY_FRAGMENT(torchquant_native, m) {
   m.def("amx_int8_supported() -> bool", &amx_int8_supported);
   m.def("amx_int8_enable(bool on) -> ()", &amx_int8_enable);

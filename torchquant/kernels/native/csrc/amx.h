@@ -43,4 +43,10 @@ void amx_tiles_end();
 void amx_gemm_rows(const uint8_t* a, const uint8_t* a_hi, int64_t lda, const int64_t* a_steps,
                    const AmxPackedB& b, int64_t n_begin, int64_t n_end, int32_t* c, int64_t ldc);
 
+// The same product for 1..3 rows of A (rows of K bytes, lda apart) with AVX-512 VNNI on the
+// same packing (a 64-byte row of a panel is one VPDPBUSD operand): a tile would waste 13 of
+// its 16 rows.  The exact int32 sums, as amx_gemm_rows; needs AVX-512 VNNI (every AMX CPU).
+void vnni_gemv_rows(const uint8_t* a, int64_t rows, int64_t lda, const AmxPackedB& b,
+                    int64_t n_begin, int64_t n_end, int32_t* c, int64_t ldc);
+
 }  // namespace torchquant_native

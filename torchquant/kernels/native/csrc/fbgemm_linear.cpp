@@ -277,8 +277,9 @@ c10::intrusive_ptr<FbgemmLinearPack> fbgemm_pack_linear(const at::Tensor& weight
 // weight without zero points)` builds it.
 
 // Whether a call of M rows takes the AMX GEMM (a single row is bound by reading the weight).
+// The AMX packing's GEMMs: tiles from four rows on, AVX-512 VNNI below (amx_linear).
 static bool use_amx(const FbgemmLinearPack& w, int64_t M) {
-  return w.amx && M >= 4 && amx_int8_active();
+  return w.amx && M >= 1 && amx_int8_active();
 }
 
 // Sums of each row of a uint8 [M, K] matrix (fbgemm's row offsets).
@@ -326,7 +327,8 @@ static void amx_linear(const uint8_t* a, int64_t M, const FbgemmLinearPack& w, O
         std::aligned_alloc(64, kAmxRows * b.Np * sizeof(int32_t))));
     int32_t* c = c_mem.get();
     std::vector<uint8_t> tail;
-    amx_tiles_begin();
+    const bool tiles = M >= 4;  // fewer rows: the VNNI loop on the same packing
+    if (tiles) amx_tiles_begin();
     for (int64_t task = begin; task < end; ++task) {
       const int64_t cs = task % col_splits, rs = task / col_splits;
       const int64_t n0 = col_blocks * cs / col_splits * kAmxN;
@@ -335,12 +337,16 @@ static void amx_linear(const uint8_t* a, int64_t M, const FbgemmLinearPack& w, O
            ++rb) {
         const int64_t r0 = rb * kAmxRows, rows = std::min(kAmxRows, M - r0);
         const uint8_t* ap = a + r0 * K;
-        if ((r0 + kAmxRows - 1) * K + b.Kp > M * K) {  // the tiles would read past the input
-          tail.assign(kAmxRows * K + b.Kp, 0);
-          std::memcpy(tail.data(), ap, rows * K);
-          ap = tail.data();
+        if (!tiles) {
+          vnni_gemv_rows(ap, rows, K, b, n0, n1, c, b.Np);
+        } else {
+          if ((r0 + kAmxRows - 1) * K + b.Kp > M * K) {  // the tiles would read past the input
+            tail.assign(kAmxRows * K + b.Kp, 0);
+            std::memcpy(tail.data(), ap, rows * K);
+            ap = tail.data();
+          }
+          amx_gemm_rows(ap, ap + 16 * K, K, a_steps.data(), b, n0, n1, c, b.Np);
         }
-        amx_gemm_rows(ap, ap + 16 * K, K, a_steps.data(), b, n0, n1, c, b.Np);
         const fbgemm::block_type_t block{static_cast<int>(r0), static_cast<int>(rows),
                                          static_cast<int>(n0),
                                          static_cast<int>(std::min(n1, N) - n0)};
@@ -349,7 +355,7 @@ static void amx_linear(const uint8_t* a, int64_t M, const FbgemmLinearPack& w, O
                                                   static_cast<int>(b.Np));
       }
     }
-    amx_tiles_end();
+    if (tiles) amx_tiles_end();
   });
 }
 
