@@ -913,6 +913,8 @@ def _topk(func, q, k, dim=-1, largest=True, sorted=True):
 
 @_implements(aten.relu.default)
 def _relu(func, q):
+    if _plain_per_tensor(q):  # one clamp against the zero point as a number (eager)
+        return q._with(torch.clamp_min(q.int_data, q._scale_zp()[1]))
     zp = affine._broadcast(q.zero_point, q.dim(), q.axis)
     if zp.dtype.is_floating_point:
         _unsupported("relu", q)
