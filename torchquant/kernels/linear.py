@@ -599,6 +599,9 @@ def linear_plan(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
              out_qdtype=out_qdtype, post_op=epilogue.name)
     args = (x_scale, x_zero_point, packed, out_scale, out_zero_point, out_qdtype, epilogue, None)
     run = lambda x2d: fn(x2d, *args)  # noqa: E731
+    bind = getattr(fn, "plan", None)  # a kernel that binds its own call (the native one)
+    if bind is not None:
+        run = bind(x_int.reshape(-1, in_features), *args[:-1]) or run
     if fn is _quantized_linear_onednn:
         bound = (float(x_scale), int(x_zero_point), packed.onednn_weight, packed.channel_scale,
                  packed.channel_zero_point, packed.bias, float(out_scale), int(out_zero_point),

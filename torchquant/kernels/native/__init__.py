@@ -278,7 +278,8 @@ def _applies(x: torch.Tensor, packed: Any = None, reduce_range: bool = True, **_
 
 def dynamic_linear(x2d: torch.Tensor, packed: Any, reduce_range: bool, relu: bool) -> torch.Tensor:
     """torch.ao's dynamic Linear (fbgemm) of a float32 ``[M, K]`` input, float32 out."""
-    return torch.ops.torchquant_native.fbgemm_linear_dynamic(x2d, pack(packed), reduce_range, relu)
+    return torch.ops.torchquant_native.fbgemm_linear_dynamic.default(x2d, pack(packed),
+                                                                     reduce_range, relu)
 
 
 def _static_applies(x: torch.Tensor, packed: Any = None, out_qdtype: Any = None,
@@ -304,9 +305,26 @@ def static_linear(x2d: torch.Tensor, x_scale: float, x_zp: int, packed: Any, out
                       impls[-1])
         return kernel.fn(x2d, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, post_op,
                          other)
-    return torch.ops.torchquant_native.fbgemm_linear_static(
+    return torch.ops.torchquant_native.fbgemm_linear_static.default(
         x2d, float(x_scale), int(x_zp), pack(packed), float(out_scale), int(out_zp),
         post_op.name == "relu")
+
+
+def _static_linear_plan(x2d: torch.Tensor, x_scale: float, x_zp: int, packed: Any,
+                        out_scale: float, out_zp: int, out_qdtype: Any,
+                        post_op: Any) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
+    """:func:`static_linear` bound for inputs like ``x2d`` with these qparams (its checks done
+    once): ``plan(x2d)``; None where the kernel does not take such calls.  The pack is looked
+    up per call (fbgemm may be forced to another instruction set)."""
+    if not _static_applies(x2d, packed, out_qdtype, post_op.name):
+        return None
+    op = torch.ops.torchquant_native.fbgemm_linear_static.default
+    numbers = (float(x_scale), int(x_zp))
+    tail = (float(out_scale), int(out_zp), post_op.name == "relu")
+    return lambda x: op(x, *numbers, pack(packed), *tail)
+
+
+static_linear.plan = _static_linear_plan  # what kernels.linear.linear_plan binds
 
 
 def lstm_sequence(ih: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, packed: Any,
