@@ -264,14 +264,28 @@ def test_amx_conv_equals_the_fbgemm_conv_bit_for_bit(shape):
                 assert torch.equal(g, wnt), (post, layout)
 
 
+def _assert_every_amx_layout_equals_fbgemm(x, w, w_scale, bias, geometry):
+    """The AMX conv (its own layout choice, then each layout forced) gives the fbgemm path's
+    integers (ReLU, uint8 out)."""
+    from torchquant.kernels import cpu_isa
+    force_layout = torch.ops.torchquant_native.amx_conv_force_layout
+    args = (x, 0.0123, 131, w, w_scale, bias, geometry, None, "relu", [], (0.73, 60, torch.uint8))
+    with cpu_isa.forced_cpu_isa("avx512_vnni"):
+        want = _native(*args)
+    for layout in ("", "flat", "halves", "im2col"):
+        force_layout(layout)
+        try:
+            assert torch.equal(_native(*args), want), (geometry, layout)
+        finally:
+            force_layout("")
+
+
 @pytest.mark.skipif(not native.amx(), reason="needs AMX-INT8")
 @pytest.mark.parametrize("threads", [2, 3])
 def test_amx_conv_splits_a_large_weight_by_columns(threads):
     """Few row blocks against a packed weight of 512 KB or more: each thread takes a share of
     the columns for every row block (the tasks ordered column-major).  The same integers as the
     fbgemm path, with the threads that split the columns."""
-    from torchquant.kernels import cpu_isa
-    force_layout = torch.ops.torchquant_native.amx_conv_force_layout
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -279,16 +293,7 @@ def test_amx_conv_splits_a_large_weight_by_columns(threads):
             # K = 1152, N = 512: a 576 KB packed weight; 25 or 50 output pixels
             x, w, w_scale, bias, geometry = _case(128, 512, 3, 5, 1, 1, 1, 1, batch, True,
                                                   seed=batch)
-            args = (x, 0.0123, 131, w, w_scale, bias, geometry, None, "relu", [],
-                    (0.73, 60, torch.uint8))
-            with cpu_isa.forced_cpu_isa("avx512_vnni"):
-                want = _native(*args)
-            for layout in ("", "flat", "halves", "im2col"):
-                force_layout(layout)
-                try:
-                    assert torch.equal(_native(*args), want), (batch, layout)
-                finally:
-                    force_layout("")
+            _assert_every_amx_layout_equals_fbgemm(x, w, w_scale, bias, geometry)
     finally:
         torch.set_num_threads(previous)
 
@@ -301,21 +306,10 @@ def test_amx_layout_names_are_checked():
 
 @pytest.mark.skipif(not native.amx(), reason="needs AMX-INT8")
 def test_amx_conv_unequal_strides_and_paddings():
-    from torchquant.kernels import cpu_isa
-    force_layout = torch.ops.torchquant_native.amx_conv_force_layout
     x, w, w_scale, bias, _ = _case(24, 40, 3, 13, 1, 1, 1, 1, 2, True)
     for geometry in (([2, 1], [1, 0], [1, 1], 1), ([1, 2], [0, 2], [1, 1], 1),
                      ([1, 1], [2, 1], [1, 2], 1)):
-        args = (x, 0.0123, 131, w, w_scale, bias, geometry, None, "relu", [],
-                (0.73, 60, torch.uint8))
-        with cpu_isa.forced_cpu_isa("avx512_vnni"):
-            want = _native(*args)
-        for layout in ("", "flat", "halves", "im2col"):
-            force_layout(layout)
-            try:
-                assert torch.equal(_native(*args), want), (geometry, layout)
-            finally:
-                force_layout("")
+        _assert_every_amx_layout_equals_fbgemm(x, w, w_scale, bias, geometry)
 
 
 def test_conv_preferred_any_batch_only_on_amx():

@@ -38,29 +38,37 @@ __attribute__((target("avx2"))) void max_into_avx2(T* __restrict out, const T* _
   for (int64_t c = 0; c < count; ++c) out[c] = out[c] < src[c] ? src[c] : out[c];
 }
 
+// Calls tap(ih * W + iw) for every tap of output pixel (oh, ow) inside the H x W input.
+template <typename Tap>
+inline void for_each_tap(int64_t oh, int64_t ow, int64_t H, int64_t W, const Window& w,
+                         const Tap& tap) {
+  for (int64_t i = 0; i < w.kh; ++i) {
+    const int64_t ih = oh * w.sh - w.ph + i * w.dh;
+    if (ih < 0 || ih >= H) continue;
+    for (int64_t j = 0; j < w.kw; ++j) {
+      const int64_t iw = ow * w.sw - w.pw + j * w.dw;
+      if (iw >= 0 && iw < W) tap(ih * W + iw);
+    }
+  }
+}
+
 // The rows [begin, end) of a channels-last pooling (row = n * OH + oh).
 template <typename T, bool kAvx2>
 void channels_last_rows(const T* x, T* out, int64_t C, int64_t H, int64_t W, int64_t OH,
                         int64_t OW, const Window& w, int64_t begin, int64_t end) {
   for (int64_t row = begin; row < end; ++row) {
     const int64_t n = row / OH, oh = row % OH;
+    const T* image = x + n * H * W * C;
     for (int64_t ow = 0; ow < OW; ++ow) {
       T* o = out + (row * OW + ow) * C;
       std::fill(o, o + C, std::numeric_limits<T>::lowest());
-      for (int64_t i = 0; i < w.kh; ++i) {
-        const int64_t ih = oh * w.sh - w.ph + i * w.dh;
-        if (ih < 0 || ih >= H) continue;
-        for (int64_t j = 0; j < w.kw; ++j) {
-          const int64_t iw = ow * w.sw - w.pw + j * w.dw;
-          if (iw < 0 || iw >= W) continue;
-          const T* src = x + ((n * H + ih) * W + iw) * C;
-          if (kAvx2) {
-            max_into_avx2(o, src, C);
-          } else {
-            max_into(o, src, C);
-          }
+      for_each_tap(oh, ow, H, W, w, [&](int64_t pixel) {
+        if (kAvx2) {
+          max_into_avx2(o, image + pixel * C, C);
+        } else {
+          max_into(o, image + pixel * C, C);
         }
-      }
+      });
     }
   }
 }
@@ -75,15 +83,7 @@ void plane_rows(const T* x, T* out, int64_t H, int64_t W, int64_t OH, int64_t OW
     T* o = out + row * OW;
     for (int64_t ow = 0; ow < OW; ++ow) {
       T best = std::numeric_limits<T>::lowest();
-      for (int64_t i = 0; i < w.kh; ++i) {
-        const int64_t ih = oh * w.sh - w.ph + i * w.dh;
-        if (ih < 0 || ih >= H) continue;
-        for (int64_t j = 0; j < w.kw; ++j) {
-          const int64_t iw = ow * w.sw - w.pw + j * w.dw;
-          if (iw < 0 || iw >= W) continue;
-          best = std::max(best, plane[ih * W + iw]);
-        }
-      }
+      for_each_tap(oh, ow, H, W, w, [&](int64_t pixel) { best = std::max(best, plane[pixel]); });
       o[ow] = best;
     }
   }
