@@ -85,7 +85,8 @@ def _plan(values_a: torch.Tensor, values_b: torch.Tensor, qd: _dt.QDType, operan
     if (native is not None and values_a.device.type == "cpu"
             and kernels.get("add", values_a) is native.fn
             and values_a.stride() == values_b.stride()
-            and (values_a.is_contiguous() or values_a.is_contiguous(memory_format=torch.channels_last))):
+            and (values_a.is_contiguous()
+                 or values_a.is_contiguous(memory_format=torch.channels_last))):
         # the native add reads operands of one dense layout in place, whatever the size
         return kernels.native.quantized_add_plan(operands, qd.qmin, qd.qmax, relu)
     lanes = _lanes.lane_count(qd.storage_dtype)
