@@ -129,7 +129,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_panels(
   for (; i + 2 <= kgroups; i += 2) {
     for (int h = 0; h < 2; ++h) {
       __m512i bv[P];
-      for (int p = 0; p < P; ++p) bv[p] = _mm512_load_si512(panels + p * panel_bytes + (i + h) * 64);
+      for (int p = 0; p < P; ++p)
+        bv[p] = _mm512_load_si512(panels + p * panel_bytes + (i + h) * 64);
       for (int r = 0; r < R; ++r) {
         const __m512i av = _mm512_set1_epi32(a4[r * kgroups + i + h]);
         for (int p = 0; p < P; ++p) acc[h][r][p] = _mm512_dpbusd_epi32(acc[h][r][p], av, bv[p]);
