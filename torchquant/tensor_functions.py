@@ -13,7 +13,8 @@ from . import dtypes as _dt
 from .ops import fake_quantize as ops_fake_quantize
 from .ops import quantize as ops_quantize
 from .ops import quantize_dynamic as ops_quantize_dynamic
-from .qtensor import QTensor, _normalise_qparams, shared_qparams
+from .ops._library import plain_eager
+from .qtensor import QTensor, _normalise_qparams, new_qtensor, shared_qparams
 
 __all__ = ["quantize_per_tensor", "quantize_per_channel", "dequantize",
            "quantize_per_tensor_dynamic", "fake_quantize_per_tensor_affine",
@@ -33,13 +34,6 @@ def _check_float_input(x: Any, fn: str, reject_reduced: bool = False) -> torch.T
         name = "Half" if x.dtype == torch.float16 else "BFloat16"
         raise RuntimeError(f"Quantize only works on Float Tensor, got {name} ({fn})")
     return x.detach()
-
-
-def _plain_eager(x: torch.Tensor) -> bool:
-    """A plain CPU tensor outside any tracing (no dynamo, no fake / proxy mode active): shared
-    per-qparams tensors may be made here and kept."""
-    return (type(x) is torch.Tensor and x.device.type == "cpu"
-            and not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0)
 
 
 def _make(x: torch.Tensor, scale_t: torch.Tensor, zp_t: torch.Tensor, qdtype: _dt.QDType,
@@ -71,12 +65,12 @@ def quantize_per_tensor(input: Union[torch.Tensor, Sequence[torch.Tensor]], scal
     if isinstance(scale, (int, float)) and isinstance(zero_point, int) and not qdtype.is_sub_byte:
         # Python-number qparams (a converted model's): the op a graph can hold as one node,
         # and the numbers kept on the result for the ops that follow.  Their 0-d tensors are
-        # validated and made once per qparams (:meth:`QTensor.from_int_per_tensor`).
+        # validated (before any work) and made once per qparams, outside tracing.
         numbers = (float(scale), int(zero_point))
-        if _plain_eager(x):
-            shared_qparams(*numbers, qdtype)  # validates before any work
+        if x.device.type == "cpu" and plain_eager(x):
+            scale_t, zp_t = shared_qparams(*numbers, qdtype)
             values = ops_quantize.quantize_per_tensor(x, *numbers, qdtype)
-            return QTensor.from_int_per_tensor(values, *numbers, qdtype)
+            return new_qtensor(values, scale_t, zp_t, qdtype, None, numbers)
         scale_t, zp_t = _normalise_qparams(scale, zero_point, qdtype, None, x.shape)
         values = ops_quantize.quantize_per_tensor(x, *numbers, qdtype)
         return QTensor(values, scale_t.to(x.device), zp_t.to(x.device), qdtype,

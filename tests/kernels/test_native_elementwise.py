@@ -18,6 +18,7 @@ def loop(request, monkeypatch):
     monkeypatch.setattr(native, "VECTOR_LOOPS", request.param != "scalar")
     if request.param == "avx2":
         native.force_isa("avx2")
+        assert native.isa() == "avx2"  # (the AVX-512 loops follow fbgemm's instruction set)
         yield
         native.force_isa("auto")
     else:

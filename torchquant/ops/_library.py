@@ -33,6 +33,28 @@ def traced(*tensors: Optional[torch.Tensor]) -> bool:
     return any(t is not None and type(t) is not torch.Tensor for t in tensors)
 
 
+def plain_eager(x: torch.Tensor) -> bool:
+    """A plain tensor outside any tracing (no dynamo, no fake / proxy mode active): values made
+    from it may be kept in a cache and shared by later calls."""
+    return (type(x) is torch.Tensor and not torch.compiler.is_compiling()
+            and torch._C._len_torch_dispatch_stack() == 0)
+
+
+def cached(cache: dict, limit: int, key: Any, build: Callable[[], Any]) -> Any:
+    """``cache[key]``, built on a miss and kept when built from real tensors only (no fake,
+    functional or traced ones, outside dynamo); the cache is emptied at ``limit`` entries."""
+    value = cache.get(key)
+    if value is None:
+        value = build()
+        items = value if isinstance(value, tuple) else (value,)
+        if not torch.compiler.is_compiling() and all(
+                type(t) is torch.Tensor for t in items if isinstance(t, torch.Tensor)):
+            if len(cache) >= limit:
+                cache.clear()
+            cache[key] = value
+    return value
+
+
 def weight_qparams(scale: torch.Tensor, zero_point: torch.Tensor,
                    axis: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """A packed weight's qparams as an op takes them: 0-d per tensor (a packed weight may hold

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from .. import affine, kernels
 from . import quantize as ops_quantize
 from .. import dtypes as _dt
-from ._library import traced
+from ._library import cached as _cached, traced
 
 __all__ = ["max_pool", "avg_pool", "adaptive_avg_pool", "mean_inner_dims", "upsample_nearest",
            "grid_sample_bilinear",
@@ -64,27 +64,6 @@ def _channels_last_view(values: torch.Tensor, ndim: int) -> Optional[torch.Tenso
         return None
     nhwc = values.permute(0, *range(2, ndim + 2), 1)
     return nhwc if nhwc.is_contiguous() else None
-
-
-def _plain(value: Any) -> bool:
-    """Whether a cache may keep ``value``: real tensors only (no fake, functional or traced
-    ones), outside dynamo."""
-    if torch.compiler.is_compiling():
-        return False
-    items = value if isinstance(value, tuple) else (value,)
-    return all(type(t) is torch.Tensor for t in items if isinstance(t, torch.Tensor))
-
-
-def _cached(cache: dict, limit: int, key: tuple, build: Callable[[], Any]) -> Any:
-    """``cache[key]``, built on a miss; kept only when built from real tensors."""
-    value = cache.get(key)
-    if value is None:
-        value = build()
-        if _plain(value):
-            if len(cache) >= limit:
-                cache.clear()
-            cache[key] = value
-    return value
 
 
 # ---- max pooling -----------------------------------------------------------------------------

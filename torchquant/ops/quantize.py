@@ -23,7 +23,7 @@ import torch
 
 from .. import affine, kernels
 from .. import dtypes as _dt
-from ._library import traced
+from ._library import cached, plain_eager, traced
 
 __all__ = ["quantize_int", "dequantize_int", "quantize_per_tensor_int", "dequantize_per_tensor_int",
            "quantize_finite_per_tensor", "quantize_with_multiplier",
@@ -133,16 +133,12 @@ def _per_tensor_operands(scale: float, zero_point: int, device: torch.device,
     """The float32 (1/scale, zero point) :func:`affine.quantize_operands` makes for these
     Python-number qparams, made once per qparams (eager calls of small tensors were mostly
     this arithmetic).  The quantize kernels only read them."""
-    key = (float(scale), int(zero_point), device, mode)
-    operands = _QUANTIZE_OPERANDS.get(key)
-    if operands is None:
-        empty = torch.empty((), device=device)
+    def build() -> tuple[torch.Tensor, torch.Tensor]:
         _, inv, zp, _ = affine.quantize_operands(
-            empty, *affine.per_tensor_qparams(scale, zero_point, device), None, mode)
-        if len(_QUANTIZE_OPERANDS) >= 256:
-            _QUANTIZE_OPERANDS.clear()
-        operands = _QUANTIZE_OPERANDS[key] = (inv, zp)
-    return operands
+            torch.empty((), device=device), *affine.per_tensor_qparams(scale, zero_point, device),
+            None, mode)
+        return inv, zp
+    return cached(_QUANTIZE_OPERANDS, 256, (float(scale), int(zero_point), device, mode), build)
 
 
 def quantize_per_tensor_int(x: torch.Tensor, scale: float, zero_point: int,
@@ -155,8 +151,7 @@ def quantize_per_tensor_int(x: torch.Tensor, scale: float, zero_point: int,
                          f"{rounding!r}")
     mode = affine.ROUND_ADD if rounding == DECOMPOSED else affine.quantize_mode(
         qdtype, per_channel=False)
-    if (x.dtype == torch.float32 and type(x) is torch.Tensor and not torch.compiler.is_compiling()
-            and torch._C._len_torch_dispatch_stack() == 0):
+    if x.dtype == torch.float32 and plain_eager(x):
         inv, zp = _per_tensor_operands(scale, zero_point, x.device, mode)
         fn = kernels.get("quantize", x, mode=mode, per_channel=False)
         codes = fn(x, inv, zp, qdtype.qmin, qdtype.qmax, qdtype.storage_dtype, mode)

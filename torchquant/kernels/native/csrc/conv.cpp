@@ -37,6 +37,7 @@ namespace torchquant_native {
 
 bool fbgemm_exact_u8();  // fbgemm_linear.cpp
 std::string fbgemm_isa();
+bool wide_loops();  // elementwise.cpp
 
 namespace {
 
@@ -731,9 +732,7 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point,
   int32_t* accp = acc.data_ptr<int32_t>();
   const int num_tasks = at::get_num_threads();
   if (depthwise) {
-    // AVX-512 loops where fbgemm runs AVX-512 (forcing fbgemm to AVX2 tests the AVX2 loops)
-    const auto isa = fbgemm::fbgemmInstructionSet();
-    const bool wide = isa == fbgemm::inst_set_t::avx512 || isa == fbgemm::inst_set_t::avx512_vnni;
+    const bool wide = wide_loops();
     at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
       (wide ? depthwise_rows512 : depthwise_rows)(
           xp, static_cast<int32_t>(x_zero_point), pack->taps.data(), OC, H, W, OH, OW, KH, KW,

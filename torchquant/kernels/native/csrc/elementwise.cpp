@@ -181,12 +181,6 @@ __attribute__((target("avx512f,avx512bw"))) void quantize_avx512(const float* x,
   quantize_avx2(x, out, i, end, o);
 }
 
-// The AVX-512 loops where fbgemm runs AVX-512 (forcing fbgemm to AVX2 tests the AVX2 loops)
-bool wide_loops() {
-  const auto isa = fbgemm::fbgemmInstructionSet();
-  return isa == fbgemm::inst_set_t::avx512 || isa == fbgemm::inst_set_t::avx512_vnni;
-}
-
 float scalar_of(const at::Tensor& t, const char* what) {
   TORCH_CHECK_VALUE(t.numel() == 1 && t.scalar_type() == at::kFloat,
                     "quantized_add: ", what, " must be a one-element float32 tensor");
@@ -194,6 +188,13 @@ float scalar_of(const at::Tensor& t, const char* what) {
 }
 
 }  // namespace
+
+// The AVX-512 loops (these and the depthwise conv's) where fbgemm runs AVX-512: forcing fbgemm
+// to AVX2 tests the AVX2 loops
+bool wide_loops() {
+  const auto isa = fbgemm::fbgemmInstructionSet();
+  return isa == fbgemm::inst_set_t::avx512 || isa == fbgemm::inst_set_t::avx512_vnni;
+}
 
 // out = quantized add of x and y (same shape, both uint8 or both int8).  The 0-d float32
 // operands are those of the reference formula: scale and -zp * scale per input, the output's
