@@ -163,6 +163,28 @@ def test_conv_preferred_where_the_set_up_dominates():
                                      (1,) * 3, 1)
 
 
+
+def test_conv_preferred_without_amx_weighs_the_input_zero_point():
+    """Without AMX (fbgemm's GEMM) oneDNN's kernel runs ~1.4x faster at input zero point 0 (no
+    compensation): a 32x32 conv at batch 1 goes to oneDNN there and stays native at another (or
+    an unknown) zero point; 1x1 convs over 64+ channels stay native up to 2048 output rows,
+    depthwise ones up to 1024 rows (rows x channels halved at zero point 0)."""
+    from torchquant.kernels import cpu_isa
+    conv = ((1, 32, 32, 32), (32, 32, 3, 3), (1, 1), (1, 1), (1, 1), 1)
+    pointwise = ((32, 96, 8, 8), (32, 96, 1, 1), (1, 1), (0, 0), (1, 1), 1)
+    depthwise = ((16, 192, 8, 8), (192, 1, 3, 3), (1, 1), (1, 1), (1, 1), 192)
+    with cpu_isa.forced_cpu_isa("avx512_vnni"):
+        assert not native.amx()
+        assert native.conv_preferred(*conv, x_zero_point=64)
+        assert native.conv_preferred(*conv)
+        assert not native.conv_preferred(*conv, x_zero_point=0)
+        assert not native.conv_preferred((2, 32, 32, 32), *conv[1:], x_zero_point=64)
+        assert native.conv_preferred(*pointwise, x_zero_point=0)
+        assert not native.conv_preferred((64, 96, 8, 8), *pointwise[1:], x_zero_point=0)
+        assert native.conv_preferred(*depthwise, x_zero_point=64)
+        assert not native.conv_preferred(*depthwise, x_zero_point=0)
+        assert not native.conv_preferred((32, 192, 8, 8), *depthwise[1:], x_zero_point=64)
+
 def test_not_preferred_where_fbgemm_would_saturate():
     """fbgemm forced to AVX2 saturates u8 x s8 pairs: the conv is not chosen there, and a call
     made anyway (a plan kept from before the change) raises rather than returning wrong

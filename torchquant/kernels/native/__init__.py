@@ -40,7 +40,7 @@ from .. import cpu_isa
 from ..registry import implementations, register
 
 __all__ = ["available", "describe", "isa", "amx", "exact_u8", "force_isa", "pack",
-           "conv_preferred", "conv_preferred_any_batch",
+           "conv_preferred", "conv_preferred_any_batch", "native_max_batch",
            "conv_output_size", "dynamic_linear",
            "static_linear", "lstm_sequence", "gru_sequence", "quantized_add", "quantize"]
 
@@ -78,14 +78,23 @@ def _register_fakes() -> None:
     def _(x, x_scale, x_zero_point, packed, out_scale, out_zero_point, relu):
         return x.new_empty(*x.shape[:-1], packed.out_features())
 
-    @torch.library.register_fake(lib + "qconv2d")
-    def _(x, x_scale, x_zp, weight, weight_scale, bias, stride, padding, dilation, groups, other,
-          other_scale, other_zp, unary, scalars, out_scale, out_zp, out_dtype):
+    def conv_output(x, weight, stride, padding, dilation, out_dtype):
         n, _, h, w = x.shape
         oh, ow = (conv_output_size(size, k, s, p, d) for size, k, s, p, d in
                   zip((h, w), weight.shape[2:], stride, padding, dilation))
         return torch.empty((n, weight.size(0), oh, ow), dtype=out_dtype, device=x.device,
                            memory_format=torch.channels_last)
+
+    @torch.library.register_fake(lib + "qconv2d")
+    def _(x, x_scale, x_zp, weight, weight_scale, bias, stride, padding, dilation, groups, other,
+          other_scale, other_zp, unary, scalars, out_scale, out_zp, out_dtype):
+        return conv_output(x, weight, stride, padding, dilation, out_dtype)
+
+    @torch.library.register_fake(lib + "qconv2d_or_onednn")
+    def _(x, x_scale, x_zp, weight, weight_scale, bias, stride, padding, dilation, groups, other,
+          other_scale, other_zp, unary, scalars, out_scale, out_zp, out_dtype, native_max_batch,
+          onednn_weight, weight_zp):
+        return conv_output(x, weight, stride, padding, dilation, out_dtype)
 
     @torch.library.register_fake(lib + "fbgemm_lstm_sequence")
     def _(ih, h0, c0, w_hh, reduce_range, reverse):
@@ -210,13 +219,22 @@ def conv_output_size(size: Any, kernel: int, stride: int, padding: int, dilation
 
 
 # Where the native conv beats oneDNN's call (measured side by side: bench/bench_kernels.py,
-# "Small Conv2d"): with fbgemm's GEMM, below these sizes, where oneDNN's per-call set-up
-# outweighs its faster kernel; with the AMX GEMM, up to convs of about batch 16 at 3x32x32
-# (beyond, oneDNN's AMX kernel pulls ahead).
-_CONV_MAX_ROWS = 1024               # output pixels (batch x height x width)
-_CONV_MAX_MACS = 20_000_000         # rows x (in / groups x kernel) x out channels
-_CONV_MAX_DEPTHWISE = 40_000        # depthwise: rows x channels
+# "Small Conv2d", and at both kinds of input zero point by a scratch script; BENCHMARKS.md
+# 2026-12-06, eighth session).  With the AMX GEMM, up to convs of about batch 16 at 3x32x32
+# (beyond, oneDNN's AMX kernel pulls ahead).  With fbgemm's GEMM (VNNI without AMX), where
+# oneDNN's per-call set-up outweighs its faster kernel: up to about 1024 output rows, fewer
+# where the input zero point is 0 (oneDNN then skips its compensation and is ~1.4x faster),
+# more for a 1x1 conv (no im2col) over 64 or more input channels.
+_CONV_MAX_DEPTHWISE = 40_000        # depthwise on AMX CPUs: rows x channels
 _AMX_CONV_MAX_MACS = 300_000_000
+_FBGEMM_CONV_MAX_ROWS = 1024        # output pixels (batch x height x width); zero point != 0
+_FBGEMM_CONV_MAX_MACS = 700_000_000  # rows x (in / groups x kernel) x out channels
+_FBGEMM_CONV_ZERO_ZP_MAX_ROWS = 512
+_FBGEMM_CONV_ZERO_ZP_MAX_MACS = 20_000_000
+_FBGEMM_POINTWISE_MAX_ROWS = 2048   # 1x1 convs over >= 64 input channels, any zero point
+_FBGEMM_POINTWISE_MAX_MACS = 40_000_000
+_FBGEMM_DEPTHWISE_MAX_ROWS = 1024
+_FBGEMM_DEPTHWISE_MAX = 200_000     # rows x channels; half that at zero point 0
 # An input zero point of 0 (activations after ReLU) spares oneDNN its zero-point compensation:
 # its AMX kernel then wins at many output rows (ResNet-18's 56x56 convs and 7x7 stem at batch
 # 1: 1.2-1.3x faster than the native conv; at zero point 64 it is 1.2x slower).
@@ -246,14 +264,23 @@ def conv_preferred(x_shape: Sequence[int], weight_shape: Sequence[int], stride: 
     rows = n * oh * ow
     if rows <= 0:
         return False
+    zero_zp = x_zero_point == 0
     if depthwise:
-        return rows * c <= _CONV_MAX_DEPTHWISE and exact_u8()
+        if on_amx:
+            return rows * c <= _CONV_MAX_DEPTHWISE and exact_u8()
+        return (rows <= _FBGEMM_DEPTHWISE_MAX_ROWS
+                and rows * c <= _FBGEMM_DEPTHWISE_MAX // (2 if zero_zp else 1))
     macs = rows * icg * kh * kw * oc
     if on_amx:
-        if x_zero_point == 0 and rows >= _AMX_ZERO_ZP_MAX_ROWS and macs >= _AMX_ZERO_ZP_MIN_MACS:
+        if zero_zp and rows >= _AMX_ZERO_ZP_MAX_ROWS and macs >= _AMX_ZERO_ZP_MIN_MACS:
             return False
         return macs <= _AMX_CONV_MAX_MACS
-    return rows <= _CONV_MAX_ROWS and macs <= _CONV_MAX_MACS
+    if ((kh, kw) == (1, 1) and icg >= 64 and rows <= _FBGEMM_POINTWISE_MAX_ROWS
+            and macs <= _FBGEMM_POINTWISE_MAX_MACS):
+        return True
+    if zero_zp:
+        return rows <= _FBGEMM_CONV_ZERO_ZP_MAX_ROWS and macs <= _FBGEMM_CONV_ZERO_ZP_MAX_MACS
+    return rows <= _FBGEMM_CONV_MAX_ROWS and macs <= _FBGEMM_CONV_MAX_MACS
 
 
 def conv_preferred_any_batch(image_shape: Sequence[int], weight_shape: Sequence[int],
@@ -269,6 +296,25 @@ def conv_preferred_any_batch(image_shape: Sequence[int], weight_shape: Sequence[
             and conv_preferred((16, *image_shape), weight_shape, stride, padding, dilation, groups,
                                x_zero_point))
 
+
+
+def native_max_batch(image_shape: Sequence[int], weight_shape: Sequence[int],
+                     stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+                     groups: int, x_zero_point: Optional[int] = None, limit: int = 4096) -> int:
+    """The largest batch at which :func:`conv_preferred` takes the native conv for this image
+    shape (0 if none, at most ``limit``): a graph compiled with a symbolic batch calls
+    ``torchquant_native::qconv2d_or_onednn``, which runs the native conv up to it and
+    oneDNN's beyond.  conv_preferred only grows stricter with the batch."""
+    def preferred(batch: int) -> bool:
+        return conv_preferred((batch, *image_shape), weight_shape, stride, padding, dilation,
+                              groups, x_zero_point)
+    if not preferred(1):
+        return 0
+    low, high = 1, limit + 1           # preferred(low), and high is past the answer
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if preferred(mid) else (low, mid)
+    return low
 
 def _applies(x: torch.Tensor, packed: Any = None, reduce_range: bool = True, **_: Any) -> bool:
     return (packed is not None and x.dtype == torch.float32 and x.device.type == "cpu"

@@ -16,8 +16,9 @@ prepacked here, once, from the frozen constants.  Without a quantize after it th
 float32.  ``torchquant::conv`` nodes whose weights are frozen constants (an exported eager- or
 FX-converted model) become the oneDNN call their eager kernel makes.  Small 2-d convs (static
 shapes; :func:`torchquant.kernels.native.conv_preferred`) call torchquant's native conv
-instead, same integers without oneDNN's per-call set-up; never in an AOTInductor package, which
-must run without torchquant.  The weight dequantizes
+instead, same integers without oneDNN's per-call set-up; with a symbolic batch, a conv the
+native kernel wins at small batches calls ``qconv2d_or_onednn``, which chooses per call by the
+batch.  Never in an AOTInductor package, which must run without torchquant.  The weight dequantizes
 left unfused are folded to float constants (torch's own folding is told to leave them, so the
 int8 weights are still there when the pass runs).
 
@@ -256,12 +257,12 @@ def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: f
     bias_node = None if bias is None else g.constant(bias.to(torch.float32), node, "bias")
     x_shape = _static_shape(q_x)
     image = _image_shape(q_x)
-    if (not is_packaging() and not bool(w_zp.any())
-            and (_native.conv_preferred(x_shape, w.shape, stride, padding, dilation, groups,
-                                        x_zp)
-                 if x_shape is not None else
-                 image is not None and _native.conv_preferred_any_batch(
-                     image, w.shape, stride, padding, dilation, groups, x_zp))):
+    native_ok = not is_packaging() and not bool(w_zp.any())
+    if native_ok and (_native.conv_preferred(x_shape, w.shape, stride, padding, dilation, groups,
+                                             x_zp)
+                      if x_shape is not None else
+                      image is not None and _native.conv_preferred_any_batch(
+                          image, w.shape, stride, padding, dilation, groups, x_zp)):
         addend = (None, 1.0, 0) if other is None else other
         args = (q_x, x_scale, x_zp, g.constant(w.contiguous(), node, "conv_weight"),
                 g.constant(w_scale, node, "weight_scale"), bias_node, *geometry, *addend,
@@ -270,6 +271,18 @@ def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: f
         return
     packed = torch.ops.onednn.qconv_prepack(w.contiguous(), w_scale, x_scale, x_zp, *geometry,
                                             x_shape)
+    max_batch = (_native.native_max_batch(image, w.shape, stride, padding, dilation, groups, x_zp)
+                 if native_ok and x_shape is None and image is not None else 0)
+    if max_batch:
+        # a symbolic batch: the native conv up to max_batch, oneDNN's beyond, in one call
+        addend = (None, 1.0, 0) if other is None else other
+        args = (q_x, x_scale, x_zp, g.constant(w.contiguous(), node, "conv_weight"),
+                g.constant(w_scale, node, "weight_scale"), bias_node, *geometry, *addend,
+                unary, scalars, out_scale, out_zp, out_dtype, max_batch,
+                g.constant(packed, node, "packed_conv_weight"),
+                g.constant(w_zp, node, "weight_zp"))
+        _replace(last, torch.ops.torchquant_native.qconv2d_or_onednn.default, args, fake)
+        return
     head = (q_x, x_scale, x_zp, g.constant(packed, node, "packed_conv_weight"),
             g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"))
     if other is None:

@@ -793,16 +793,79 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point,
   return out;
 }
 
+// qconv2d where the batch is at most native_max_batch, else oneDNN's call on its prepacked
+// weight: one op for a graph compiled with a symbolic batch, whose convs the native kernel wins
+// at small batches and oneDNN's at large ones (torchquant.kernels.native.conv_preferred).  The
+// oneDNN call is the one the compile lowering makes otherwise (the addend copied, as oneDNN
+// sums into it in place); it is called boxed: its argument conversion is small beside a conv
+// large enough to reach it.
+at::Tensor qconv2d_or_onednn(const at::Tensor& x, double x_scale, int64_t x_zero_point,
+                             const at::Tensor& weight, const at::Tensor& weight_scale,
+                             const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                             at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                             const std::optional<at::Tensor>& other, double other_scale,
+                             int64_t other_zero_point, c10::string_view unary,
+                             at::ArrayRef<double> scalars, double out_scale,
+                             int64_t out_zero_point, at::ScalarType out_dtype,
+                             int64_t native_max_batch, const at::Tensor& onednn_weight,
+                             const at::Tensor& weight_zero_point) {
+  if (x.dim() == 4 && x.size(0) <= native_max_batch) {
+    return qconv2d(x, x_scale, x_zero_point, weight, weight_scale, bias, stride, padding,
+                   dilation, groups, other, other_scale, other_zero_point, unary, scalars,
+                   out_scale, out_zero_point, out_dtype);
+  }
+  c10::List<std::optional<c10::Scalar>> unary_scalars;
+  for (double v : scalars) unary_scalars.push_back(c10::Scalar(v));
+  const bool binary = other.has_value() && other->defined();
+  static const auto pointwise =
+      c10::Dispatcher::singleton().findSchemaOrThrow("onednn::qconv_pointwise", "");
+  static const auto with_sum =
+      c10::Dispatcher::singleton().findSchemaOrThrow("onednn::qconv2d_pointwise", "binary");
+  std::vector<c10::IValue> stack{x, x_scale, x_zero_point, onednn_weight, weight_scale,
+                                 weight_zero_point};
+  if (binary) stack.emplace_back(other->clone(at::MemoryFormat::ChannelsLast));
+  stack.emplace_back(bias);
+  stack.emplace_back(stride);
+  stack.emplace_back(padding);
+  stack.emplace_back(dilation);
+  stack.emplace_back(groups);
+  stack.emplace_back(out_scale);
+  stack.emplace_back(out_zero_point);
+  stack.emplace_back(out_dtype);
+  if (binary) {
+    stack.emplace_back(other_scale);
+    stack.emplace_back(other_zero_point);
+    stack.emplace_back(std::string("sum"));
+    stack.emplace_back(c10::Scalar(1.0));
+  }
+  stack.emplace_back(std::string(unary.empty() ? "none" : unary));
+  stack.emplace_back(unary_scalars);
+  stack.emplace_back(std::string(""));
+  (binary ? with_sum : pointwise).callBoxed(&stack);
+  return stack.at(0).toTensor();
+}
+
 TORCH_LIBRARY_FRAGMENT(torchquant_native, m) {
   m.def("amx_conv_force_layout(str name) -> ()", &torchquant_native::amx_conv_force_layout);
   m.def("qconv2d(Tensor x, float x_scale, int x_zero_point, Tensor weight, Tensor weight_scale, "
         "Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, Tensor? other, "
         "float other_scale, int other_zero_point, str unary, float[] scalars, float out_scale, "
         "int out_zero_point, ScalarType out_dtype) -> Tensor");
+  m.def("qconv2d_or_onednn(Tensor x, float x_scale, int x_zero_point, Tensor weight, "
+        "Tensor weight_scale, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
+        "int groups, Tensor? other, float other_scale, int other_zero_point, str unary, "
+        "float[] scalars, float out_scale, int out_zero_point, ScalarType out_dtype, "
+        "int native_max_batch, Tensor onednn_weight, Tensor weight_zero_point) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(torchquant_native, CPU, m) {
   m.impl("qconv2d", &torchquant_native::qconv2d);
+  m.impl("qconv2d_or_onednn", &torchquant_native::qconv2d_or_onednn);
+}
+
+// The oneDNN-packed weight is an MkldnnCPU tensor: the dispatcher picks that key.
+TORCH_LIBRARY_IMPL(torchquant_native, MkldnnCPU, m) {
+  m.impl("qconv2d_or_onednn", &torchquant_native::qconv2d_or_onednn);
 }
 
 }  // namespace torchquant_native
