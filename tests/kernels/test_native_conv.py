@@ -84,6 +84,35 @@ def test_uint8_outputs_match_onednn(shape):
     assert differing <= max(1, checked // 10_000)
 
 
+
+def test_scratch_buffers_kept_between_calls_of_other_sizes():
+    """The accumulators and fbgemm's packed activations live in per-thread buffers kept between
+    calls: a conv run after a larger and a smaller one, with one or two threads, gives the
+    integers it gave first; a conv above the kept size (1 M accumulators) works too."""
+    small = _case(16, 32, 3, 10, 1, 1, 1, 1, 1, True)
+    large = _case(32, 48, 3, 20, 1, 1, 1, 1, 4, True)
+    pointwise = _case(64, 64, 1, 8, 1, 0, 1, 1, 3, True)
+    huge = _case(8, 512, 1, 48, 1, 0, 1, 1, 1, True)       # 2304 x 512 accumulators
+
+    def run(case):
+        x, w, w_scale, bias, geometry = case
+        return _native(x, 0.0123, 131, w, w_scale, bias, geometry, None, "relu", [],
+                       (0.73, 60, torch.uint8))
+
+    cases = {"small": small, "large": large, "pointwise": pointwise}
+    first = {name: run(case) for name, case in cases.items()}
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            for name in ("large", "small", "pointwise", "small", "large"):
+                assert torch.equal(run(cases[name]), first[name]), (n, name)
+    finally:
+        torch.set_num_threads(threads)
+    x, w, w_scale, bias, geometry = huge
+    args = (x, 0.0123, 131, w, w_scale, bias, geometry, None, "none", [], (0.73, 60, torch.uint8))
+    assert (_native(*args).int() - _onednn(*args).int()).abs().max() <= 1
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_integer_accumulation_is_exact(shape):
     """Float output, no bias: ``float(sum((x - x_zp) * w)) * (x_scale * w_scale)``, bit for bit,

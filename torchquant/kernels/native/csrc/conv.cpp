@@ -43,6 +43,39 @@ namespace {
 
 enum class Unary { kNone, kRelu, kHardtanh };
 
+// Convs of at most this many multiply-accumulates run on one thread (fbgemm's GEMM path):
+// a 1x1 downsample at batch 1; from ResNet-18's 0.6 M-MAC convs at batch 1 on, two threads win.
+constexpr int64_t kSerialConvMacs = 1 << 16;
+
+// A 64-byte aligned buffer of one thread's, kept and grown between calls: the int32
+// accumulators and fbgemm's packed activation blocks, which it would otherwise allocate (and
+// free) on every call -- at batch 1 the allocator was a sixth of a conv's time.
+class Scratch {
+ public:
+  ~Scratch() { std::free(data_); }
+  template <typename T>
+  T* get(int64_t count) {
+    const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + 63) / 64 * 64;
+    if (bytes > bytes_) {
+      std::free(data_);
+      data_ = std::aligned_alloc(64, bytes);
+      TORCH_CHECK(data_ != nullptr, "torchquant_native::qconv2d: out of memory (", bytes,
+                  " bytes of scratch)");
+      bytes_ = bytes;
+    }
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+thread_local Scratch acc_scratch;         // the calling thread's, shared with its workers
+thread_local Scratch packed_a_scratch;    // each worker's own
+thread_local Scratch row_offset_scratch;
+constexpr int64_t kScratchAccMax = 1 << 20;  // int32 accumulators kept between calls (4 MiB)
+
 // A conv weight as the kernels read it.
 struct ConvPack {
   explicit ConvPack(c10::weak_intrusive_ptr<c10::StorageImpl> s) : storage(std::move(s)) {}
@@ -728,8 +761,14 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point,
              padding, dilation, pack->amx_b, e, outp);
     return out;
   }
-  auto acc = at::empty({M, OC}, x.options().dtype(at::kInt));
-  int32_t* accp = acc.data_ptr<int32_t>();
+  at::Tensor acc_tensor;  // only for accumulators too large to keep between calls
+  int32_t* accp = nullptr;
+  if (M * OC <= kScratchAccMax) {
+    accp = acc_scratch.get<int32_t>(M * OC);
+  } else {
+    acc_tensor = at::empty({M, OC}, x.options().dtype(at::kInt));
+    accp = acc_tensor.data_ptr<int32_t>();
+  }
   const int num_tasks = at::get_num_threads();
   if (depthwise) {
     const bool wide = wide_loops();
@@ -767,29 +806,42 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point,
         {static_cast<int>(padding[0]), static_cast<int>(padding[1]), static_cast<int>(padding[0]),
          static_cast<int>(padding[1])},
         {static_cast<int>(dilation[0]), static_cast<int>(dilation[1])});
-    at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
+    // A conv this small runs on the calling thread: waking the others costs more than it saves.
+    const bool serial = M * KH * KW * IC * OC <= kSerialConvMacs;
+    const int tasks = serial ? 1 : num_tasks;
+    auto gemm = [&](int64_t begin, int64_t end) {
       fbgemm::DoNothing<int32_t, int32_t> done;
       fbgemm::memCopy<> copy(done);
       for (int64_t task = begin; task < end; ++task) {
         if (pointwise) {
-          fbgemm::PackAMatrix<uint8_t> packA(fbgemm::matrix_op_t::NoTranspose,
-                                             static_cast<int32_t>(M), static_cast<int32_t>(IC),
-                                             xp, static_cast<int32_t>(IC), nullptr, 1);
+          using PackA = fbgemm::PackAMatrix<uint8_t>;
+          auto* buf = packed_a_scratch.get<uint8_t>(PackA::packedBufferSize());
+          PackA packA(fbgemm::matrix_op_t::NoTranspose, static_cast<int32_t>(M),
+                      static_cast<int32_t>(IC), xp, static_cast<int32_t>(IC), buf, 1);
           fbgemm::fbgemmPacked(packA, *pack->gemm, accp, accp, static_cast<int32_t>(OC), copy,
-                               static_cast<int>(task), num_tasks);
+                               static_cast<int>(task), tasks);
         } else {
-          fbgemm::PackAWithIm2Col<uint8_t, int32_t, 2> packA(
-              conv_p, xp, nullptr, static_cast<int32_t>(x_zero_point), nullptr,
-              /*b_symmetric=*/true);
+          using PackA = fbgemm::PackAWithIm2Col<uint8_t, int32_t, 2>;
+          auto* buf = packed_a_scratch.get<uint8_t>(PackA::packedBufferSize());
+          auto* row_offsets = row_offset_scratch.get<int32_t>(PackA::rowOffsetBufferSize());
+          PackA packA(conv_p, xp, buf, static_cast<int32_t>(x_zero_point), row_offsets,
+                      /*b_symmetric=*/true);
           fbgemm::fbgemmPacked(packA, *pack->gemm, accp, accp, static_cast<int32_t>(OC), copy,
-                               static_cast<int>(task), num_tasks);
+                               static_cast<int>(task), tasks);
         }
       }
-    });
+    };
+    auto epilogue = [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) epilogue_row(e, accp + r * OC, r, OC, 0, OC, outp);
+    };
+    if (serial) {
+      gemm(0, 1);
+      epilogue(0, M);
+      return out;
+    }
+    at::parallel_for(0, num_tasks, 1, gemm);
+    at::parallel_for(0, M, std::max<int64_t>(1, 4096 / OC), epilogue);
   }
-  at::parallel_for(0, M, std::max<int64_t>(1, 4096 / OC), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) epilogue_row(e, accp + r * OC, r, OC, 0, OC, outp);
-  });
   return out;
 }
 
