@@ -297,7 +297,6 @@ def conv_preferred_any_batch(image_shape: Sequence[int], weight_shape: Sequence[
                                x_zero_point))
 
 
-
 def native_max_batch(image_shape: Sequence[int], weight_shape: Sequence[int],
                      stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
                      groups: int, x_zero_point: Optional[int] = None, limit: int = 4096) -> int:
@@ -315,6 +314,7 @@ def native_max_batch(image_shape: Sequence[int], weight_shape: Sequence[int],
         mid = (low + high) // 2
         low, high = (mid, high) if preferred(mid) else (low, mid)
     return low
+
 
 def _applies(x: torch.Tensor, packed: Any = None, reduce_range: bool = True, **_: Any) -> bool:
     return (packed is not None and x.dtype == torch.float32 and x.device.type == "cpu"

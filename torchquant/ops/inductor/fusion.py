@@ -18,9 +18,9 @@ FX-converted model) become the oneDNN call their eager kernel makes.  Small 2-d 
 shapes; :func:`torchquant.kernels.native.conv_preferred`) call torchquant's native conv
 instead, same integers without oneDNN's per-call set-up; with a symbolic batch, a conv the
 native kernel wins at small batches calls ``qconv2d_or_onednn``, which chooses per call by the
-batch.  Never in an AOTInductor package, which must run without torchquant.  The weight dequantizes
-left unfused are folded to float constants (torch's own folding is told to leave them, so the
-int8 weights are still there when the pass runs).
+batch.  Never in an AOTInductor package, which must run without torchquant.  The weight
+dequantizes left unfused are folded to float constants (torch's own folding is told to leave
+them, so the int8 weights are still there when the pass runs).
 
 Only where oneDNN's u8 x s8 products are exact on this CPU
 (:func:`torchquant.kernels.linear.onednn_u8s8_exact`, decided when the graph is compiled): on
@@ -258,16 +258,19 @@ def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: f
     x_shape = _static_shape(q_x)
     image = _image_shape(q_x)
     native_ok = not is_packaging() and not bool(w_zp.any())
+
+    def native_args() -> tuple:
+        addend = (None, 1.0, 0) if other is None else other
+        return (q_x, x_scale, x_zp, g.constant(w.contiguous(), node, "conv_weight"),
+                g.constant(w_scale, node, "weight_scale"), bias_node, *geometry, *addend,
+                unary, scalars, out_scale, out_zp, out_dtype)
+
     if native_ok and (_native.conv_preferred(x_shape, w.shape, stride, padding, dilation, groups,
                                              x_zp)
                       if x_shape is not None else
                       image is not None and _native.conv_preferred_any_batch(
                           image, w.shape, stride, padding, dilation, groups, x_zp)):
-        addend = (None, 1.0, 0) if other is None else other
-        args = (q_x, x_scale, x_zp, g.constant(w.contiguous(), node, "conv_weight"),
-                g.constant(w_scale, node, "weight_scale"), bias_node, *geometry, *addend,
-                unary, scalars, out_scale, out_zp, out_dtype)
-        _replace(last, torch.ops.torchquant_native.qconv2d.default, args, fake)
+        _replace(last, torch.ops.torchquant_native.qconv2d.default, native_args(), fake)
         return
     packed = torch.ops.onednn.qconv_prepack(w.contiguous(), w_scale, x_scale, x_zp, *geometry,
                                             x_shape)
@@ -275,11 +278,7 @@ def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: f
                  if native_ok and x_shape is None and image is not None else 0)
     if max_batch:
         # a symbolic batch: the native conv up to max_batch, oneDNN's beyond, in one call
-        addend = (None, 1.0, 0) if other is None else other
-        args = (q_x, x_scale, x_zp, g.constant(w.contiguous(), node, "conv_weight"),
-                g.constant(w_scale, node, "weight_scale"), bias_node, *geometry, *addend,
-                unary, scalars, out_scale, out_zp, out_dtype, max_batch,
-                g.constant(packed, node, "packed_conv_weight"),
+        args = (*native_args(), max_batch, g.constant(packed, node, "packed_conv_weight"),
                 g.constant(w_zp, node, "weight_zp"))
         _replace(last, torch.ops.torchquant_native.qconv2d_or_onednn.default, args, fake)
         return
