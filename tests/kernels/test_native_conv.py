@@ -398,6 +398,37 @@ def test_depthwise_avx512_loops_equal_the_avx2_loops():
                 assert torch.equal(a, b), (shape, unary)
 
 
+
+def test_gemm_conv_avx512_epilogue_equals_the_avx2_epilogue():
+    """fbgemm's GEMM conv requantizes with the AVX-512 epilogue where fbgemm runs 512-bit
+    kernels (avx512_vnni) and with the AVX2 one under avx512_vnni_ymm: the same outputs bit for
+    bit (uint8 and float, every post-op, the add included, a channel tail of 8)."""
+    if not native.isa().startswith("avx512_vnni"):
+        pytest.skip("needs AVX-512 VNNI")
+    for shape in [s for s in SHAPES if s[-1] == 1] + [(16, 40, 3, 6, 1, 1, 1, 1)]:
+        for batch, post in itertools.product((1, 2), ("none", "relu", "hardtanh", "add_relu")):
+            x, w, w_scale, bias, geometry = _case(*shape, batch, True, seed=batch)
+            unary = "relu" if post == "add_relu" else post
+            scalars = [-1.5, 2.0] if unary == "hardtanh" else []
+            other = None
+            if post == "add_relu":
+                out_shape = _native(x, 0.0123, 7, w, w_scale, None, geometry, None, "none", [],
+                                    (1.0, 0, torch.float32)).shape
+                q_other = torch.randint(0, 256, out_shape, dtype=torch.uint8,
+                                        generator=torch.Generator().manual_seed(2))
+                other = (q_other.contiguous(memory_format=torch.channels_last), 0.21, 100)
+            outs = {}
+            for isa in ("avx512_vnni", "avx512_vnni_ymm"):
+                native.force_isa(isa)
+                try:
+                    outs[isa] = [_native(x, 0.0123, 131, w, w_scale, bias, geometry, other, unary,
+                                         scalars, out)
+                                 for out in ((0.73, 60, torch.uint8), (1.0, 0, torch.float32))]
+                finally:
+                    native.force_isa("auto")
+            for a, b in zip(outs["avx512_vnni"], outs["avx512_vnni_ymm"]):
+                assert torch.equal(a, b), (shape, post)
+
 @pytest.mark.skipif(not native.amx(), reason="needs AMX-INT8")
 def test_conv_preferred_leaves_large_zero_point_free_convs_to_onednn():
     """An input zero point of 0 spares oneDNN its compensation: from 2048 output rows and 50 M

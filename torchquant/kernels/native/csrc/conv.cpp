@@ -831,8 +831,18 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point,
         }
       }
     };
+    const bool wide = wide_loops();
     auto epilogue = [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) epilogue_row(e, accp + r * OC, r, OC, 0, OC, outp);
+      if (!wide) {
+        for (int64_t r = begin; r < end; ++r) epilogue_row(e, accp + r * OC, r, OC, 0, OC, outp);
+        return;
+      }
+      int64_t rows[kAmxRows];
+      for (int64_t r0 = begin; r0 < end; r0 += kAmxRows) {
+        const int64_t count = std::min(kAmxRows, end - r0);
+        for (int64_t i = 0; i < count; ++i) rows[i] = r0 + i;
+        epilogue_block512(e, accp, OC, rows, rows, count, OC, 0, OC, outp);
+      }
     };
     if (serial) {
       gemm(0, 1);
