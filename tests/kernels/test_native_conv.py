@@ -84,7 +84,6 @@ def test_uint8_outputs_match_onednn(shape):
     assert differing <= max(1, checked // 10_000)
 
 
-
 def test_scratch_buffers_kept_between_calls_of_other_sizes():
     """The accumulators and fbgemm's packed activations live in per-thread buffers kept between
     calls: a conv run after a larger and a smaller one, with one or two threads, gives the
@@ -112,6 +111,7 @@ def test_scratch_buffers_kept_between_calls_of_other_sizes():
     x, w, w_scale, bias, geometry = huge
     args = (x, 0.0123, 131, w, w_scale, bias, geometry, None, "none", [], (0.73, 60, torch.uint8))
     assert (_native(*args).int() - _onednn(*args).int()).abs().max() <= 1
+
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_integer_accumulation_is_exact(shape):
@@ -192,7 +192,6 @@ def test_conv_preferred_where_the_set_up_dominates():
                                      (1,) * 3, 1)
 
 
-
 def test_conv_preferred_without_amx_weighs_the_input_zero_point():
     """Without AMX (fbgemm's GEMM) oneDNN's kernel runs ~1.4x faster at input zero point 0 (no
     compensation): a 32x32 conv at batch 1 goes to oneDNN there and stays native at another (or
@@ -213,6 +212,7 @@ def test_conv_preferred_without_amx_weighs_the_input_zero_point():
         assert native.conv_preferred(*depthwise, x_zero_point=64)
         assert not native.conv_preferred(*depthwise, x_zero_point=0)
         assert not native.conv_preferred((32, 192, 8, 8), *depthwise[1:], x_zero_point=64)
+
 
 def test_not_preferred_where_fbgemm_would_saturate():
     """fbgemm forced to AVX2 saturates u8 x s8 pairs: the conv is not chosen there, and a call
@@ -398,7 +398,6 @@ def test_depthwise_avx512_loops_equal_the_avx2_loops():
                 assert torch.equal(a, b), (shape, unary)
 
 
-
 def test_gemm_conv_avx512_epilogue_equals_the_avx2_epilogue():
     """fbgemm's GEMM conv requantizes with the AVX-512 epilogue where fbgemm runs 512-bit
     kernels (avx512_vnni) and with the AVX2 one under avx512_vnni_ymm: the same outputs bit for
@@ -428,6 +427,7 @@ def test_gemm_conv_avx512_epilogue_equals_the_avx2_epilogue():
                     native.force_isa("auto")
             for a, b in zip(outs["avx512_vnni"], outs["avx512_vnni_ymm"]):
                 assert torch.equal(a, b), (shape, post)
+
 
 @pytest.mark.skipif(not native.amx(), reason="needs AMX-INT8")
 def test_conv_preferred_leaves_large_zero_point_free_convs_to_onednn():

@@ -163,7 +163,6 @@ def test_symbolic_batch_convs_take_the_native_conv_on_amx(converted):
     assert torch.equal(pooled, static_pooled)
 
 
-
 @pytest.mark.skipif(not (native.available() and native.exact_u8()),
                     reason="the native conv runs where fbgemm's u8 x s8 is exact")
 def test_symbolic_batch_convs_choose_per_call_without_amx(converted):
@@ -195,6 +194,7 @@ def test_symbolic_batch_convs_choose_per_call_without_amx(converted):
             steps = _steps(pooled, fused_eager[0], scale)
             assert steps.max() <= 1 and (steps > 0).float().mean() < 0.001
             torch.testing.assert_close(logits, fused_eager[1], rtol=1e-3, atol=1e-3)
+
 
 def test_saturating_cpu_keeps_the_float_conv(converted, monkeypatch):
     """Where oneDNN's u8 x s8 products saturate (AVX2 without VNNI) the pass leaves the graph's

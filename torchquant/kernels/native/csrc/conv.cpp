@@ -238,7 +238,8 @@ __attribute__((target("avx2,fma"))) void epilogue_row(const Epilogue& e, const i
   }
 }
 
-// The epilogue of a block of accumulator rows with AVX-512 (every AMX CPU has it): output row
+// The epilogue of a block of accumulator rows with AVX-512 (every AMX CPU has it; fbgemm's
+// 512-bit GEMM path and the depthwise loop use it too, see wide_loops): output row
 // rows[i] from accumulator row acc_rows[i] (ldc apart), epilogue_row's operations in the same
 // order, sixteen channels at a time with the tail masked; each channel vector's constants are
 // loaded once per block and the post-ops are compiled in.
