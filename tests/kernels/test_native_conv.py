@@ -54,6 +54,22 @@ def _native(x, x_scale, x_zp, w, w_scale, bias, geometry, other, unary, scalars,
     return qconv2d(x, x_scale, x_zp, w, w_scale, bias, *geometry, *addend, unary, scalars, *out)
 
 
+def _post_op_case(shape, batch, post):
+    """A conv case with post-op ``post`` ("none", "relu", "hardtanh" or "add_relu"): the case's
+    tensors, the addend (uint8 channels-last, its scale and zero point) or None, the unary
+    post-op and its scalars."""
+    x, w, w_scale, bias, geometry = _case(*shape, batch, True, seed=batch)
+    unary = "relu" if post == "add_relu" else post
+    scalars = [-1.5, 2.0] if unary == "hardtanh" else []
+    other = None
+    if post == "add_relu":
+        out_shape = _native(x, 0.0123, 7, w, w_scale, None, geometry, None, "none", [],
+                            (1.0, 0, torch.float32)).shape
+        q_other = torch.randint(0, 256, out_shape, dtype=torch.uint8,
+                                generator=torch.Generator().manual_seed(2))
+        other = (q_other.contiguous(memory_format=torch.channels_last), 0.21, 100)
+    return x, w, w_scale, bias, geometry, other, unary, scalars
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_uint8_outputs_match_onednn(shape):
     checked = differing = 0
@@ -289,14 +305,7 @@ def test_amx_conv_equals_the_fbgemm_conv_bit_for_bit(shape):
     from torchquant.kernels import cpu_isa
     force_layout = torch.ops.torchquant_native.amx_conv_force_layout
     for batch, post in itertools.product((1, 3), ("none", "relu", "hardtanh", "add_relu")):
-        x, w, w_scale, bias, geometry = _case(*shape, batch, True, seed=batch)
-        unary = "relu" if post == "add_relu" else post
-        scalars = [-1.5, 2.0] if unary == "hardtanh" else []
-        other = None
-        if post == "add_relu":
-            shape_out = _native(x, 0.0123, 7, w, w_scale, None, geometry, None, "none", [],
-                                (1.0, 0, torch.float32)).shape
-            other = (torch.randint(0, 256, shape_out, dtype=torch.uint8), 0.21, 100)
+        x, w, w_scale, bias, geometry, other, unary, scalars = _post_op_case(shape, batch, post)
 
         def run():
             return [_native(x, 0.0123, 131, w, w_scale, bias, geometry, other, unary, scalars,
@@ -376,6 +385,19 @@ def test_conv_preferred_any_batch_only_on_amx():
         assert not native.amx() and not native.conv_preferred_any_batch(*plain)
 
 
+def _outputs_per_isa(isas, x, w, w_scale, bias, geometry, other, unary, scalars):
+    """One conv's uint8 and float outputs with fbgemm forced to each of ``isas`` in turn."""
+    per_isa = []
+    for isa in isas:
+        native.force_isa(isa)
+        try:
+            per_isa.append([_native(x, 0.0123, 131, w, w_scale, bias, geometry, other, unary,
+                                    scalars, out)
+                            for out in ((0.73, 60, torch.uint8), (1.0, 0, torch.float32))])
+        finally:
+            native.force_isa("auto")
+    return per_isa
+
 def test_depthwise_avx512_loops_equal_the_avx2_loops():
     """The depthwise loop and its epilogue run AVX-512 where fbgemm does; forced to AVX2 they run
     the AVX2 loops: the same outputs bit for bit (uint8 and float, every post-op)."""
@@ -385,16 +407,9 @@ def test_depthwise_avx512_loops_equal_the_avx2_loops():
         for batch, unary in itertools.product((1, 2), ("none", "relu", "hardtanh")):
             x, w, w_scale, bias, geometry = _case(*shape, batch, True, seed=batch)
             scalars = [-1.5, 2.0] if unary == "hardtanh" else []
-            outs = {}
-            for isa in ("auto", "avx2"):
-                native.force_isa(isa)
-                try:
-                    outs[isa] = [_native(x, 0.0123, 131, w, w_scale, bias, geometry, None, unary,
-                                         scalars, out)
-                                 for out in ((0.73, 60, torch.uint8), (1.0, 0, torch.float32))]
-                finally:
-                    native.force_isa("auto")
-            for a, b in zip(outs["auto"], outs["avx2"]):
+            wide, narrow = _outputs_per_isa(("auto", "avx2"), x, w, w_scale, bias, geometry,
+                                            None, unary, scalars)
+            for a, b in zip(wide, narrow):
                 assert torch.equal(a, b), (shape, unary)
 
 
@@ -406,26 +421,11 @@ def test_gemm_conv_avx512_epilogue_equals_the_avx2_epilogue():
         pytest.skip("needs AVX-512 VNNI")
     for shape in [s for s in SHAPES if s[-1] == 1] + [(16, 40, 3, 6, 1, 1, 1, 1)]:
         for batch, post in itertools.product((1, 2), ("none", "relu", "hardtanh", "add_relu")):
-            x, w, w_scale, bias, geometry = _case(*shape, batch, True, seed=batch)
-            unary = "relu" if post == "add_relu" else post
-            scalars = [-1.5, 2.0] if unary == "hardtanh" else []
-            other = None
-            if post == "add_relu":
-                out_shape = _native(x, 0.0123, 7, w, w_scale, None, geometry, None, "none", [],
-                                    (1.0, 0, torch.float32)).shape
-                q_other = torch.randint(0, 256, out_shape, dtype=torch.uint8,
-                                        generator=torch.Generator().manual_seed(2))
-                other = (q_other.contiguous(memory_format=torch.channels_last), 0.21, 100)
-            outs = {}
-            for isa in ("avx512_vnni", "avx512_vnni_ymm"):
-                native.force_isa(isa)
-                try:
-                    outs[isa] = [_native(x, 0.0123, 131, w, w_scale, bias, geometry, other, unary,
-                                         scalars, out)
-                                 for out in ((0.73, 60, torch.uint8), (1.0, 0, torch.float32))]
-                finally:
-                    native.force_isa("auto")
-            for a, b in zip(outs["avx512_vnni"], outs["avx512_vnni_ymm"]):
+            x, w, w_scale, bias, geometry, other, unary, scalars = _post_op_case(shape, batch,
+                                                                                 post)
+            wide, narrow = _outputs_per_isa(("avx512_vnni", "avx512_vnni_ymm"), x, w, w_scale,
+                                            bias, geometry, other, unary, scalars)
+            for a, b in zip(wide, narrow):
                 assert torch.equal(a, b), (shape, post)
 
 
