@@ -167,13 +167,17 @@ def test_symbolic_batch_convs_take_the_native_conv_on_amx(converted):
                     reason="the native conv runs where fbgemm's u8 x s8 is exact")
 def test_symbolic_batch_convs_choose_per_call_without_amx(converted):
     """Without AMX a graph compiled for any batch calls ``qconv2d_or_onednn``: the native conv
-    up to the batch where ``conv_preferred`` stops taking it (8 or 16 images of 8x8 here), the
-    oneDNN call on its prepacked weight beyond.  Both sides give the oneDNN-fused eager
-    model's integers up to oneDNN's one-step rounding differences.  (torch's fake conv guards
-    the batch at 16, so batches 2..15 and 16..64 are two graphs.)"""
+    up to the batch where ``conv_preferred`` stops taking it (8 images of 8x8 here, 16 for the
+    first conv, whose input zero point is not 0), the oneDNN call on its prepacked weight
+    beyond.  Both sides give the oneDNN-fused eager model's integers up to oneDNN's one-step
+    rounding differences.  torch's fake conv guards the batch at 16, so batches 2..15 and
+    16..64 are two graphs; in the second only the first conv can still be native, the others
+    call oneDNN directly."""
     from torchquant.kernels import cpu_isa
     with cpu_isa.forced_cpu_isa("avx512_vnni"):
-        for first, batch in ((5, 3), (24, 40)):     # every conv native, then every conv oneDNN
+        # (graph's first batch, batch run, convs left choosing, batch up to which all are native)
+        for first, batch, choosing, native_up_to in ((5, 3, 5, 8), (5, 12, 5, 8),
+                                                     (24, 40, 1, 0)):
             torch._dynamo.reset()
             x0 = torch.randn(first, 3, 8, 8)
             torch._dynamo.mark_dynamic(x0, 0)
@@ -181,15 +185,16 @@ def test_symbolic_batch_convs_choose_per_call_without_amx(converted):
             with inductor_config.patch(freezing=True, fx_graph_cache=False), torch.no_grad():
                 _, code = run_and_get_code(compiled, x0)
                 code = "".join(code)
-                assert code.count("torchquant_native.qconv2d_or_onednn.default(") == 5
-                assert "qconv_pointwise" not in code and "torch.ops.torchquant." not in code
+                assert code.count("torchquant_native.qconv2d_or_onednn.default(") == choosing
+                assert code.count("onednn.qconv") == 5 - choosing
+                assert "torch.ops.torchquant." not in code
                 x = torch.randn(batch, 3, 8, 8)
                 with torch._dynamo.config.patch(error_on_recompile=True), \
                         torch.profiler.profile() as prof:
                     pooled, logits = compiled(x)
                 fused_eager = torchquant.compile(converted, use_torch_compile=False)(x)
             called = {event.name for event in prof.events()}
-            assert ("onednn::qconv_pointwise" in called) == (batch > 16)
+            assert ("onednn::qconv_pointwise" in called) == (batch > native_up_to)
             scale = (fused_eager[0][fused_eager[0] > 0].min()).item()
             steps = _steps(pooled, fused_eager[0], scale)
             assert steps.max() <= 1 and (steps > 0).float().mean() < 0.001

@@ -18,9 +18,10 @@ FX-converted model) become the oneDNN call their eager kernel makes.  Small 2-d 
 shapes; :func:`torchquant.kernels.native.conv_preferred`) call torchquant's native conv
 instead, same integers without oneDNN's per-call set-up; with a symbolic batch, a conv the
 native kernel wins at small batches calls ``qconv2d_or_onednn``, which chooses per call by the
-batch.  Never in an AOTInductor package, which must run without torchquant.  The weight
-dequantizes left unfused are folded to float constants (torch's own folding is told to leave
-them, so the int8 weights are still there when the pass runs).
+batch (where the graph's batches can be that small).  Never in an AOTInductor package, which
+must run without torchquant.  The weight dequantizes left unfused are folded to float
+constants (torch's own folding is told to leave them, so the int8 weights are still there when
+the pass runs).
 
 Only where oneDNN's u8 x s8 products are exact on this CPU
 (:func:`torchquant.kernels.linear.onednn_u8s8_exact`, decided when the graph is compiled): on
@@ -241,6 +242,22 @@ def _image_shape(node: Any) -> Optional[list[int]]:
     return [int(d) for d in val.shape[1:]]
 
 
+def _least_batch(node: Any) -> int:
+    """The smallest batch a graph compiled for a symbolic batch serves (torch's fake conv splits
+    batches below 16 from the rest, so a graph often starts at 16); 0 where unknown."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if val is None or val.dim() == 0:
+        return 0
+    batch = val.shape[0]
+    if isinstance(batch, int):
+        return batch
+    try:
+        lower = batch.node.shape_env.bound_sympy(batch.node.expr).lower
+        return max(0, int(lower))
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        return 0
+
+
 def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: float,
                x_zp: int, w: torch.Tensor, w_scale: torch.Tensor, w_zp: torch.Tensor,
                bias: Optional[torch.Tensor], geometry: tuple, other: Optional[tuple],
@@ -276,7 +293,7 @@ def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: f
                                             x_shape)
     max_batch = (_native.native_max_batch(image, w.shape, stride, padding, dilation, groups, x_zp)
                  if native_ok and x_shape is None and image is not None else 0)
-    if max_batch:
+    if max_batch and max_batch >= _least_batch(q_x):
         # a symbolic batch: the native conv up to max_batch, oneDNN's beyond, in one call
         args = (*native_args(), max_batch, g.constant(packed, node, "packed_conv_weight"),
                 g.constant(w_zp, node, "weight_zp"))
