@@ -197,6 +197,11 @@ def test_bad_arguments_name_the_problem():
         _native(x, 0.1, 0, w, w_scale, bias, geometry, None, "gelu", [], out)
     with pytest.raises(ValueError, match="qconv2d"):
         _native(x, 0.1, 0, w, w_scale, bias, geometry, None, "none", [], (1.0, 0, torch.int32))
+    # the per-batch choice hands an input that is not a 4-d image to the native conv's checks
+    with pytest.raises(TypeError, match="4-d uint8 activation"):
+        torch.ops.torchquant_native.qconv2d_or_onednn(
+            x[0], 0.1, 0, w, w_scale, bias, *geometry, None, 1.0, 0, "none", [], *out, 0, w,
+            torch.zeros(w.size(0), dtype=torch.int64))
 
 
 def test_conv_preferred_where_the_set_up_dominates():

@@ -225,7 +225,7 @@ def conv_output_size(size: Any, kernel: int, stride: int, padding: int, dilation
 # oneDNN's per-call set-up outweighs its faster kernel: up to about 1024 output rows, fewer
 # where the input zero point is 0 (oneDNN then skips its compensation and is ~1.4x faster),
 # more for a 1x1 conv (no im2col) over 64 or more input channels.
-_CONV_MAX_DEPTHWISE = 40_000        # depthwise on AMX CPUs: rows x channels
+_AMX_CONV_MAX_DEPTHWISE = 40_000    # depthwise: rows x channels
 _AMX_CONV_MAX_MACS = 300_000_000
 _FBGEMM_CONV_MAX_ROWS = 1024        # output pixels (batch x height x width); zero point != 0
 _FBGEMM_CONV_MAX_MACS = 700_000_000  # rows x (in / groups x kernel) x out channels
@@ -267,7 +267,7 @@ def conv_preferred(x_shape: Sequence[int], weight_shape: Sequence[int], stride: 
     zero_zp = x_zero_point == 0
     if depthwise:
         if on_amx:
-            return rows * c <= _CONV_MAX_DEPTHWISE and exact_u8()
+            return rows * c <= _AMX_CONV_MAX_DEPTHWISE and exact_u8()
         return (rows <= _FBGEMM_DEPTHWISE_MAX_ROWS
                 and rows * c <= _FBGEMM_DEPTHWISE_MAX // (2 if zero_zp else 1))
     macs = rows * icg * kh * kw * oc

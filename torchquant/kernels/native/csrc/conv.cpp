@@ -49,7 +49,8 @@ constexpr int64_t kSerialConvMacs = 1 << 16;
 
 // A 64-byte aligned buffer of one thread's, kept and grown between calls: the int32
 // accumulators and fbgemm's packed activation blocks, which it would otherwise allocate (and
-// free) on every call -- at batch 1 the allocator was a sixth of a conv's time.
+// free) on every call -- in a compiled batch-1 ResNet-shaped forward the allocator was ~12 % of
+// perf's samples (BENCHMARKS.md, 2026-12-06 eighth session).
 class Scratch {
  public:
   ~Scratch() { std::free(data_); }
@@ -317,6 +318,22 @@ void epilogue_block512(const Epilogue& e, const int32_t* acc, int64_t ldc,
                      : (e.out_u8 ? epilogue_block512_unary<false, true>
                                  : epilogue_block512_unary<false, false>);
   run(e, acc, ldc, acc_rows, rows, count, n, c_begin, c_end, out);
+}
+
+// Output rows [begin, end) from accumulator rows of the same index (OC apart): the AVX-512
+// block epilogue where `wide` (fbgemm runs 512-bit kernels), else the AVX2 row epilogue.
+void epilogue_rows(const Epilogue& e, const int32_t* acc, int64_t begin, int64_t end, int64_t OC,
+                   bool wide, void* out) {
+  if (!wide) {
+    for (int64_t r = begin; r < end; ++r) epilogue_row(e, acc + r * OC, r, OC, 0, OC, out);
+    return;
+  }
+  int64_t rows[kAmxRows];
+  for (int64_t r0 = begin; r0 < end; r0 += kAmxRows) {
+    const int64_t count = std::min(kAmxRows, end - r0);
+    for (int64_t i = 0; i < count; ++i) rows[i] = r0 + i;
+    epilogue_block512(e, acc, OC, rows, rows, count, OC, 0, OC, out);
+  }
 }
 
 // The in-bounds taps of depthwise output row r (of the flattened [N * OH * OW] image): each
@@ -778,19 +795,7 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point,
           xp, static_cast<int32_t>(x_zero_point), pack->taps.data(), OC, H, W, OH, OW, KH, KW,
           stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1], begin, end,
           accp);
-      if (!wide) {
-        for (int64_t r = begin; r < end; ++r) epilogue_row(e, accp + r * OC, r, OC, 0, OC, outp);
-        return;
-      }
-      int64_t acc_rows[kAmxRows], out_rows[kAmxRows];
-      for (int64_t r0 = begin; r0 < end; r0 += kAmxRows) {
-        const int64_t count = std::min(kAmxRows, end - r0);
-        for (int64_t i = 0; i < count; ++i) {
-          acc_rows[i] = i;
-          out_rows[i] = r0 + i;
-        }
-        epilogue_block512(e, accp + r0 * OC, OC, acc_rows, out_rows, count, OC, 0, OC, outp);
-      }
+      epilogue_rows(e, accp, begin, end, OC, wide, outp);
     });
     return out;
   } else {
@@ -834,16 +839,7 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point,
     };
     const bool wide = wide_loops();
     auto epilogue = [&](int64_t begin, int64_t end) {
-      if (!wide) {
-        for (int64_t r = begin; r < end; ++r) epilogue_row(e, accp + r * OC, r, OC, 0, OC, outp);
-        return;
-      }
-      int64_t rows[kAmxRows];
-      for (int64_t r0 = begin; r0 < end; r0 += kAmxRows) {
-        const int64_t count = std::min(kAmxRows, end - r0);
-        for (int64_t i = 0; i < count; ++i) rows[i] = r0 + i;
-        epilogue_block512(e, accp, OC, rows, rows, count, OC, 0, OC, outp);
-      }
+      epilogue_rows(e, accp, begin, end, OC, wide, outp);
     };
     if (serial) {
       gemm(0, 1);
@@ -872,7 +868,7 @@ at::Tensor qconv2d_or_onednn(const at::Tensor& x, double x_scale, int64_t x_zero
                              int64_t out_zero_point, at::ScalarType out_dtype,
                              int64_t native_max_batch, const at::Tensor& onednn_weight,
                              const at::Tensor& weight_zero_point) {
-  if (x.dim() == 4 && x.size(0) <= native_max_batch) {
+  if (x.dim() != 4 || x.size(0) <= native_max_batch) {  // (qconv2d names a bad input)
     return qconv2d(x, x_scale, x_zero_point, weight, weight_scale, bias, stride, padding,
                    dilation, groups, other, other_scale, other_zero_point, unary, scalars,
                    out_scale, out_zero_point, out_dtype);
