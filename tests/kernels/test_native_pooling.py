@@ -69,3 +69,61 @@ def test_native_max_pool_refuses_other_layouts_and_dtypes():
     strided = torch.zeros(1, 2, 8, 8, dtype=torch.uint8)[..., ::2]
     with pytest.raises(ValueError, match="contiguous or channels-last"):
         native.max_pool2d(strided, (2, 2), (2, 2), (0, 0), (1, 1), (2, 2))
+
+
+# (shape, spatial dims): global average pooling (adaptive pooling to size 1)
+MEAN_SHAPES = [((1, 512, 7, 7), 2), ((3, 40, 5, 9), 2), ((2, 7, 33, 33), 2), ((64, 96, 4, 4), 2),
+               ((2, 6, 3, 4, 5), 3), ((1, 1, 2, 2), 2), ((2, 3, 1, 2), 2)]
+
+
+@pytest.mark.parametrize("dtype, zero_point", [(torch.uint8, 0), (torch.uint8, 131),
+                                               (torch.int8, -5), (torch.int8, 0)])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("shape, ndim", MEAN_SHAPES)
+def test_native_global_mean_equals_the_torch_op_path(dtype, zero_point, channels_last, shape,
+                                                     ndim, monkeypatch):
+    """Bit for bit the op layer's torch-op path (its reference: exact sums, the table / formula
+    of torch's rounding), in the input's layout."""
+    from torchquant import dtypes as qdt
+    info = torch.iinfo(dtype)
+    g = torch.Generator().manual_seed(sum(shape) + zero_point)
+    values = torch.randint(info.min, info.max + 1, shape, generator=g).to(dtype)
+    if channels_last:
+        values = values.contiguous(memory_format=torch.channels_last if ndim == 2
+                                   else torch.channels_last_3d)
+    qd = qdt.quint8 if dtype == torch.uint8 else qdt.qint8
+    assert native.global_mean_applies(values, ndim)
+    ours = native.global_mean(values, ndim, zero_point, qd.qmin, qd.qmax)
+    monkeypatch.setattr(pooling, "NATIVE_GLOBAL_MEAN", False)
+    expected = pooling._global_mean(values, zero_point, qd, ndim)
+    assert torch.equal(ours, expected)
+    assert ours.stride() == expected.stride()
+
+
+@pytest.mark.parametrize("zero_point", [0, 77])
+def test_native_global_mean_equals_torch_quantized_adaptive_pool(zero_point):
+    """The oracle: torch's quantized adaptive_avg_pool2d to 1x1 (quint8, channels-last as
+    ResNet's last block leaves it), through the op layer's native path."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(2, 64, 7, 7, generator=g) * 4 - 1
+    tq = torch.quantize_per_tensor(x, 0.02, zero_point, torch.quint8).contiguous(
+        memory_format=torch.channels_last)
+    expected = torch.nn.functional.adaptive_avg_pool2d(tq, 1).int_repr()
+    calls = []
+    real = native.global_mean
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(native, "global_mean", lambda *a: calls.append(1) or real(*a))
+        ours = pooling.adaptive_avg_pool(tq.int_repr(), zero_point, __import__(
+            "torchquant").quint8, 2, 1)
+    assert calls, "the native global mean was not taken"
+    assert torch.equal(ours, expected)
+    assert ours.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_native_global_mean_refuses_other_layouts_and_dtypes():
+    with pytest.raises(TypeError, match="uint8 or int8"):
+        native.global_mean(torch.zeros(1, 2, 4, 4), 2, 0, 0, 255)
+    strided = torch.zeros(1, 2, 8, 8, dtype=torch.uint8)[..., ::2]
+    assert not native.global_mean_applies(strided, 2)
+    with pytest.raises(ValueError, match="contiguous or channels-last"):
+        native.global_mean(strided, 2, 0, 0, 255)

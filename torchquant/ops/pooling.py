@@ -500,6 +500,8 @@ def _adaptive_counts(in_sizes: tuple, sizes: tuple) -> tuple[torch.Tensor, torch
     return _cached(_ADAPTIVE_COUNTS, 64, (in_sizes, sizes), build)
 
 
+# The native global mean where it applies (False: the torch-op path below, its reference; tests)
+NATIVE_GLOBAL_MEAN = True
 _TABLE_LIMIT = 1 << 20  # entries; 8-bit sums over windows of up to ~4000 elements
 _MEAN_TABLES: dict[tuple, torch.Tensor] = {}
 
@@ -531,6 +533,9 @@ def _global_mean(values: torch.Tensor, zero_point: int, qd: _dt.QDType, ndim: in
         return values.clone(memory_format=_CHANNELS_LAST[ndim]
                             if _global_mean_layout(values, ndim, keepdim)
                             else torch.contiguous_format)
+    if (keepdim and NATIVE_GLOBAL_MEAN and count > 1
+            and kernels.native.global_mean_applies(values, ndim)):
+        return kernels.native.global_mean(values, ndim, zero_point, qd.qmin, qd.qmax)
     eight_bit = values.element_size() == 1
     # 8-bit sums (and the zero point removed from them) fit int32 below 2**22 elements
     acc_dtype = torch.int32 if eight_bit and count < (1 << 22) else torch.int64

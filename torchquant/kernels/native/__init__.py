@@ -27,6 +27,7 @@ says which, logged once on first use.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import weakref
 from pathlib import Path
@@ -435,6 +436,27 @@ def max_pool2d(values: torch.Tensor, kernel: Sequence[int], stride: Sequence[int
     output size the caller computed and checked; the output keeps the input's layout."""
     return torch.ops.torchquant_native.max_pool2d_8bit.default(
         values, list(kernel), list(stride), list(padding), list(dilation), list(out_size))
+
+
+def global_mean_applies(values: torch.Tensor, ndim: int) -> bool:
+    """Whether :func:`global_mean` takes ``values``: uint8 / int8 (N, C, *spatial) with 2 or 3
+    spatial dims on the CPU, contiguous or channels-last, under 2**22 elements per channel,
+    the extension loaded."""
+    if not (available() and values.device.type == "cpu" and ndim in (2, 3)
+            and values.dim() == ndim + 2 and values.dtype in (torch.uint8, torch.int8)):
+        return False
+    per_channel = math.prod(values.shape[2:])
+    layout = torch.channels_last if ndim == 2 else torch.channels_last_3d
+    return (0 < per_channel < (1 << 22) and
+            (values.is_contiguous() or values.is_contiguous(memory_format=layout)))
+
+
+def global_mean(values: torch.Tensor, ndim: int, zero_point: int, qmin: int,
+                qmax: int) -> torch.Tensor:
+    """The mean over the spatial dims of 8-bit codes, requantized to their own zero point with
+    torch's rounding, in one native pass (keepdim; channels-last in, channels-last out)."""
+    return torch.ops.torchquant_native.global_mean_8bit.default(values, ndim, zero_point, qmin,
+                                                                qmax)
 
 
 def _dense(x: torch.Tensor) -> bool:

@@ -15,9 +15,11 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 namespace torchquant_native {
 namespace {
@@ -143,13 +145,105 @@ at::Tensor max_pool2d_8bit(const at::Tensor& x, at::IntArrayRef kernel, at::IntA
   return out;
 }
 
+namespace {
+
+// Sums of each channel over `count` spatial positions: channels-last memory (N, count, C).
+template <typename T>
+void channel_sums_channels_last(const T* x, int32_t* sums, int64_t C, int64_t count) {
+  std::fill(sums, sums + C, 0);
+  for (int64_t p = 0; p < count; ++p) {
+    const T* row = x + p * C;
+    for (int64_t c = 0; c < C; ++c) sums[c] += row[c];
+  }
+}
+
+template <typename T>
+int32_t plane_sum(const T* x, int64_t count) {
+  int32_t sum = 0;
+  for (int64_t i = 0; i < count; ++i) sum += x[i];
+  return sum;
+}
+
+// torch's quantized mean of a window: nearbyint(float(sum - count * zp) * (1.0f / count) + zp),
+// each float operation rounded on its own (the build turns off FMA contraction), clamped.
+template <typename T>
+inline T requantize_mean(int32_t sum, int32_t count_zp, float inv_count, float zp, float lo,
+                         float hi) {
+  float y = static_cast<float>(sum - count_zp) * inv_count;
+  y = std::nearbyint(y + zp);
+  return static_cast<T>(std::min(std::max(y, lo), hi));
+}
+
+}  // namespace
+
+// The mean over the `ndim` innermost dims of an 8-bit (N, C, *spatial) tensor, requantized to
+// its own zero point (adaptive average pooling to size 1, torch's rounding), keepdim; the
+// output is channels-last where the input is (and is not also contiguous), else contiguous.
+at::Tensor global_mean_8bit(const at::Tensor& x, int64_t ndim, int64_t zero_point, int64_t qmin,
+                            int64_t qmax) {
+  const char* op = "torchquant_native::global_mean_8bit";
+  TORCH_CHECK_TYPE((x.scalar_type() == at::kByte || x.scalar_type() == at::kChar) &&
+                       (ndim == 2 || ndim == 3) && x.dim() == ndim + 2, op,
+                   ": expected a uint8 or int8 (N, C, *spatial) tensor with 2 or 3 spatial "
+                   "dims, got ", x.scalar_type(), " ", x.sizes(), " ndim=", ndim);
+  const auto channels_last_format =
+      ndim == 2 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d;
+  const bool channels_last = !x.is_contiguous() && x.is_contiguous(channels_last_format);
+  TORCH_CHECK_VALUE(channels_last || x.is_contiguous(), op,
+                    ": the input must be contiguous or channels-last");
+  const int64_t N = x.size(0), C = x.size(1);
+  const int64_t count = x.numel() / std::max<int64_t>(1, N * C);
+  TORCH_CHECK_VALUE(count > 0 && count < (int64_t{1} << 22), op,
+                    ": expected between 1 and 2**22 - 1 elements per channel, got ", count);
+  std::vector<int64_t> shape{N, C};
+  shape.resize(ndim + 2, 1);
+  auto out = at::empty(shape, x.options(), channels_last ? channels_last_format
+                                                         : at::MemoryFormat::Contiguous);
+  if (out.numel() == 0) return out;
+  // torch's float32 1.0f / count, the zero point and the bounds as floats
+  const float inv_count = 1.0f / static_cast<float>(count);
+  const float zp = static_cast<float>(zero_point), lo = static_cast<float>(qmin),
+              hi = static_cast<float>(qmax);
+  const int32_t count_zp = static_cast<int32_t>(count * zero_point);
+  auto run = [&](auto* xp, auto* op_) {
+    using T = std::remove_pointer_t<decltype(xp)>;
+    if (channels_last) {
+      // one image per task, about 64 K reads per task at least
+      const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (count * C));
+      at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
+        std::vector<int32_t> sums(C);
+        for (int64_t n = begin; n < end; ++n) {
+          channel_sums_channels_last(xp + n * count * C, sums.data(), C, count);
+          for (int64_t c = 0; c < C; ++c)
+            op_[n * C + c] = requantize_mean<T>(sums[c], count_zp, inv_count, zp, lo, hi);
+        }
+      });
+    } else {
+      const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / count);
+      at::parallel_for(0, N * C, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t p = begin; p < end; ++p)
+          op_[p] = requantize_mean<T>(plane_sum(xp + p * count, count), count_zp, inv_count, zp,
+                                      lo, hi);
+      });
+    }
+  };
+  if (x.scalar_type() == at::kByte) {
+    run(x.data_ptr<uint8_t>(), out.data_ptr<uint8_t>());
+  } else {
+    run(x.data_ptr<int8_t>(), out.data_ptr<int8_t>());
+  }
+  return out;
+}
+
 }  // namespace torchquant_native
 
 TORCH_LIBRARY_FRAGMENT(torchquant_native, m) {
   m.def("max_pool2d_8bit(Tensor x, int[] kernel, int[] stride, int[] padding, int[] dilation, "
         "int[] out_size) -> Tensor");
+  m.def("global_mean_8bit(Tensor x, int ndim, int zero_point, int qmin, int qmax) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(torchquant_native, CPU, m) {
   m.impl("max_pool2d_8bit", &torchquant_native::max_pool2d_8bit);
+  m.impl("global_mean_8bit", &torchquant_native::global_mean_8bit);
 }
