@@ -105,7 +105,7 @@ def test_tutorial_flow_fuses_into_onednn_with_eager_integers(converted, onednn_c
     # than the tutorial flow, the same integers here, so only the code tells)
     torch._dynamo.reset()
     with inductor_config.patch(fx_graph_cache=False), torch.no_grad():
-        again, code = run_and_get_code(torchquant.compile(copy.deepcopy(converted)), x)
+        again, code = run_and_get_code(torchquant.compile(copy.deepcopy(converted), aot=False), x)
     code = "".join(code)
     # (its forward is C++: oneDNN's ops appear as their C shims)
     assert code.count("aoti_torch_cpu__qconv_pointwise_tensor(") == 4
@@ -137,7 +137,7 @@ def test_small_convs_take_the_native_conv(converted):
     torch.testing.assert_close(logits, fused_eager[1], rtol=1e-3, atol=1e-3)
     torch._dynamo.reset()
     with inductor_config.patch(fx_graph_cache=False), torch.no_grad():
-        again, code = run_and_get_code(torchquant.compile(copy.deepcopy(converted)), x)
+        again, code = run_and_get_code(torchquant.compile(copy.deepcopy(converted), aot=False), x)
     code = "".join(code)
     assert code.count('findSchemaOrThrow("torchquant_native::qconv2d"') == 5  # the C++ wrapper
     assert torch.equal(again[0], pooled)
@@ -242,7 +242,7 @@ def test_torchquant_compile_fuses_fx_and_eager_converted_convs(onednn_convs):
     torch._dynamo.reset()
     with inductor_config.patch(fx_graph_cache=False), torch.no_grad():
         expected = converted(x)
-        out, code = run_and_get_code(torchquant.compile(copy.deepcopy(converted)), x)
+        out, code = run_and_get_code(torchquant.compile(copy.deepcopy(converted), aot=False), x)
     code = "".join(code)
     assert code.count("aoti_torch_cpu__qconv_pointwise_tensor(") + \
         code.count("aoti_torch_cpu__qconv_pointwise(") == 2

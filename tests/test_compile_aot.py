@@ -1,0 +1,116 @@
+"""``torchquant.compile``'s AOTInductor path (torchquant/_compile_aot.py): the graphs it compiles
+per call signature compute what the ``torch.compile`` path computes, bit for bit (the same
+freezing pass, the same kernels); their code calls no Python-implemented torchquant op; calls
+it cannot serve take the ``torch.compile`` path."""
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import torchquant
+from torchquant._compile_aot import AOTCompiledModel
+from torchquant._package import _TORCHQUANT_CALL, _generated_code
+from torchquant.ops import linear as ops_linear
+from torchquant.quantization.quantize_pt2e import convert_pt2e, prepare_pt2e
+from torchquant.quantization.quantizer.x86_inductor_quantizer import (
+    X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+
+pytestmark = pytest.mark.skipif(not ops_linear.onednn_u8s8_exact(),
+                                reason="the AOT path needs the freezing pass (oneDNN exact)")
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.c2 = nn.Conv2d(16, 16, 3, padding=1)
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.c1(x))
+        y = torch.relu(self.c2(y) + y)
+        return self.fc(y.mean((2, 3)))
+
+
+@pytest.fixture(scope="module")
+def converted() -> torch.fx.GraphModule:
+    torch.manual_seed(0)
+    model = SmallCNN().eval()
+    example = (torch.randn(2, 3, 12, 12),)
+    batch = ({0: torch.export.Dim("batch", max=256)},)
+    gm = torch.export.export(model, example, dynamic_shapes=batch).module()
+    prepared = prepare_pt2e(gm, X86InductorQuantizer().set_global(
+        get_default_x86_inductor_quantization_config()))
+    for s in range(2):
+        prepared(torch.randn(4, 3, 12, 12, generator=torch.Generator().manual_seed(s)))
+    return convert_pt2e(prepared)
+
+
+def _inputs(batch: int) -> torch.Tensor:
+    return torch.randn(batch, 3, 12, 12, generator=torch.Generator().manual_seed(batch))
+
+
+def test_graphs_per_signature_equal_the_torch_compile_path(converted, caplog):
+    """Batch 1 and 4 get graphs of their own shapes, a third batch size one symbolic-batch graph
+    that then serves a fourth; every output equals the torch.compile path's bit for bit, and
+    each compile is announced."""
+    ours = torchquant.compile(copy.deepcopy(converted))
+    assert isinstance(ours, AOTCompiledModel)
+    reference = torchquant.compile(copy.deepcopy(converted), aot=False)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="torchquant"):
+        for batch in (1, 4, 8, 3, 1):
+            x = _inputs(batch)
+            assert torch.equal(ours(x), reference(x)), batch
+    assert len(ours._batched) == 1 and None not in ours._batched.values()
+    assert len({id(g) for g in ours._graphs.values()}) == 3  # b1, b4, symbolic (b8 and b3)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("compiling for" in m for m in messages) == 3
+    assert any("symbolic batch" in m for m in messages)
+
+
+def test_package_code_calls_no_python_torchquant_op(converted, tmp_path):
+    """The compiled graph's C++ calls torchquant's native convs / oneDNN and no op implemented
+    in Python (the issue's test of the compiled forward)."""
+    ours = torchquant.compile(copy.deepcopy(converted), aot=True)
+    with torch.no_grad():
+        ours(_inputs(2))
+    (path,) = [p for p in __import__("pathlib").Path(ours._folder.name).glob("*.pt2")]
+    sources = _generated_code(str(path))
+    text = "".join(sources.values())
+    assert not _TORCHQUANT_CALL.findall(text)
+    assert "torchquant_native::qconv2d" in text or "qconv_pointwise" in text
+
+
+def test_calls_it_cannot_serve_take_the_torch_compile_path(converted):
+    ours = torchquant.compile(copy.deepcopy(converted))
+    x = _inputs(2)
+    with torch.no_grad():
+        expected = ours(x)
+    # an input that wants a gradient: the torch.compile path (which keeps grad mode)
+    wants_grad = x.clone().requires_grad_(True)
+    with pytest.warns(UserWarning, match="grad mode on"):
+        out = ours(wants_grad)
+    assert ours._fallback is not None
+    torch.testing.assert_close(out.detach(), expected, rtol=1e-3, atol=1e-3)
+    with pytest.raises(ValueError, match="aot=True"):
+        torchquant.compile(copy.deepcopy(converted), aot=True, fullgraph=True)
+
+
+def test_a_model_aotinductor_cannot_compile_falls_back(caplog):
+    """An eager model whose forward export rejects (data-dependent control flow) still runs,
+    through torch.compile, and the log says why."""
+    class Branchy(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x - 1
+
+    ours = torchquant.compile(Branchy(), aot=True)
+    x = torch.ones(2, 3)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="torchquant"):
+        assert torch.equal(ours(x), x * 2)
+        assert torch.equal(ours(-x), -x - 1)
+    assert ours._failed is not None
+    assert any("could not compile" in r.getMessage() for r in caplog.records)
