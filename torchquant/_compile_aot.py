@@ -63,8 +63,9 @@ class AOTCompiledModel(torch.nn.Module):
         self.model = model
         self._make_fallback = fallback
         self._fallback: Optional[Callable] = None
-        self._graphs: dict[tuple, Callable] = {}
-        self._batched: dict[tuple, Optional[Callable]] = {}  # unbatched signature -> graph
+        # signature -> (the loaded graph's run, its output structure)
+        self._graphs: dict[tuple, tuple] = {}
+        self._batched: dict[tuple, Optional[tuple]] = {}  # unbatched signature -> graph
         self._failed: Optional[str] = None
         self._lock = threading.Lock()
         self._folder = tempfile.TemporaryDirectory(prefix="torchquant-aot-")
@@ -73,15 +74,20 @@ class AOTCompiledModel(torch.nn.Module):
         graph = self._graph_for(args, kwargs)
         if graph is None:
             return self._torch_compiled()(*args, **kwargs)
-        return graph(*args)
+        run, out_spec, leaves = graph
+        return pytree.tree_unflatten(run(leaves), out_spec)
 
     # ---- which graph ------------------------------------------------------------------------
-    def _graph_for(self, args: tuple, kwargs: dict) -> Optional[Callable]:
+    def _graph_for(self, args: tuple, kwargs: dict) -> Optional[tuple]:
+        """``(run, out_spec, leaves)`` for this call, or None for the torch.compile path."""
         if kwargs or self._failed is not None:
             return None
-        leaves, spec = pytree.tree_flatten(args)
-        if not leaves or not all(type(t) is torch.Tensor for t in leaves):
-            return None
+        if all(type(a) is torch.Tensor for a in args):  # the common call: no pytree walk
+            leaves, spec = list(args), len(args)
+        else:
+            leaves, spec = pytree.tree_flatten(args)
+            if not leaves or not all(type(t) is torch.Tensor for t in leaves):
+                return None
         if torch.is_grad_enabled() and (any(t.requires_grad for t in leaves) or any(
                 p.requires_grad for p in self.model.parameters())):
             return None  # the torch.compile path keeps grad mode and says why it is slow
@@ -94,12 +100,13 @@ class AOTCompiledModel(torch.nn.Module):
                     graph = self._compile_for(key, args)
                     if graph is not None:
                         self._graphs[key] = graph
-        return graph
+            if graph is None:
+                return None
+        return (*graph, leaves)
 
-    def _compile_for(self, key: tuple, args: tuple) -> Optional[Callable]:
+    def _compile_for(self, key: tuple, args: tuple) -> Optional[tuple]:
         spec, signature, threads = key
-        flat = all(type(a) is torch.Tensor for a in args)
-        rest = _unbatched(signature) if flat else None
+        rest = _unbatched(signature) if isinstance(spec, int) else None
         if rest is not None and any(k[0] == spec and k[2] == threads
                                     and _unbatched(k[1]) == rest for k in self._graphs):
             # another batch size of a signature already compiled: one symbolic-batch graph
@@ -111,7 +118,7 @@ class AOTCompiledModel(torch.nn.Module):
         return self._compile(args, dynamic_batch=False)
 
     # ---- compiling --------------------------------------------------------------------------
-    def _compile(self, args: tuple, dynamic_batch: bool) -> Optional[Callable]:
+    def _compile(self, args: tuple, dynamic_batch: bool) -> Optional[tuple]:
         shapes = ", ".join(str(tuple(t.shape)) for t in pytree.tree_leaves(args))
         what = "a symbolic batch" if dynamic_batch else f"input shapes {shapes}"
         emit(logging.INFO, f"torchquant.compile: compiling for {what} with AOTInductor "
@@ -130,7 +137,11 @@ class AOTCompiledModel(torch.nn.Module):
             if python_ops:
                 raise RuntimeError("ops with no C++ implementation left in the graph: "
                                    + ", ".join(f"torchquant::{op}" for op in python_ops))
-            graph = aoti_load_package(path)
+            loaded = aoti_load_package(path)
+            # the loader's own run and the output structure, read once (the loaded model's
+            # __call__ parses its call spec on every call: most of a batch-1 call's overhead)
+            graph = (loaded.loader.run,
+                     pytree.treespec_loads(loaded.loader.get_call_spec()[1]))
         except Exception as e:  # noqa: BLE001 - any failure: the torch.compile path serves
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
             if dynamic_batch:
