@@ -26,7 +26,10 @@ if os.environ.get("TORCHQUANT_BUILD_NATIVE", "1") != "0":
             # no -march: fbgemm picks AVX2 / AVX-512 / VNNI kernels at run time
             # -fopenmp: ATen's inline parallel_for is OpenMP (libgomp comes with torch)
             # -ffp-contract=off: the fused cell loops round every product / sum as ATen does
-            extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off"],
+            # hidden visibility: the library is loaded RTLD_GLOBAL for its AOTInductor C shims
+            # (csrc/aoti_shims.cpp), the only symbols it exports
+            extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off", "-fvisibility=hidden",
+                                "-fvisibility-inlines-hidden"],
             extra_link_args=["-fopenmp"],
         )]
         cmdclass = {"build_ext": BuildExtension.with_options(no_python_abi_suffix=True)}

@@ -38,6 +38,10 @@ class SmallCNN(nn.Module):
 
 @pytest.fixture(scope="module")
 def converted() -> torch.fx.GraphModule:
+    return _converted()
+
+
+def _converted() -> torch.fx.GraphModule:
     torch.manual_seed(0)
     model = SmallCNN().eval()
     example = (torch.randn(2, 3, 12, 12),)
@@ -73,8 +77,9 @@ def test_graphs_per_signature_equal_the_torch_compile_path(converted, caplog):
 
 
 def test_package_code_calls_no_python_torchquant_op(converted, tmp_path):
-    """The compiled graph's C++ calls torchquant's native convs / oneDNN and no op implemented
-    in Python (the issue's test of the compiled forward)."""
+    """The compiled graph's C++ calls torchquant's native convs (directly, through their C
+    shims, not the proxy executor) or oneDNN, and no op implemented in Python (the issue's
+    test of the compiled forward)."""
     ours = torchquant.compile(copy.deepcopy(converted), aot=True)
     with torch.no_grad():
         ours(_inputs(2))
@@ -82,7 +87,8 @@ def test_package_code_calls_no_python_torchquant_op(converted, tmp_path):
     sources = _generated_code(str(path))
     text = "".join(sources.values())
     assert not _TORCHQUANT_CALL.findall(text)
-    assert "torchquant_native::qconv2d" in text or "qconv_pointwise" in text
+    assert "aoti_torch_cpu_qconv2d(" in text or "qconv_pointwise" in text
+    assert "torchquant_native::qconv2d" not in text  # no proxy-executor call of a native conv
 
 
 def test_calls_it_cannot_serve_take_the_torch_compile_path(converted):

@@ -28,6 +28,7 @@ from torch._inductor import aoti_compile_and_package, aoti_load_package
 
 from ._log import emit
 from ._package import _TORCHQUANT_CALL, _generated_code
+from .ops.inductor import fusion as _fusion
 
 __all__ = ["AOTCompiledModel"]
 
@@ -130,8 +131,9 @@ class AOTCompiledModel(torch.nn.Module):
                 batch = tuple({0: torch.export.Dim.DYNAMIC} for _ in args)
                 program = torch.export.export(self.model, args,
                                               dynamic_shapes=batch if dynamic_batch else None)
-                aoti_compile_and_package(program, package_path=path,
-                                         inductor_configs=INDUCTOR_CONFIGS)
+                configs = {**INDUCTOR_CONFIGS,
+                           "aot_inductor.custom_ops_to_c_shims": _fusion.aoti_c_shims()}
+                aoti_compile_and_package(program, package_path=path, inductor_configs=configs)
             python_ops = sorted({op for text in _generated_code(path).values()
                                  for op in _TORCHQUANT_CALL.findall(text)})
             if python_ops:

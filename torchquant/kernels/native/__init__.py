@@ -26,6 +26,7 @@ says which, logged once on first use.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import os
@@ -56,6 +57,9 @@ def _load() -> Optional[str]:
     if not _LIBRARY.exists():
         return f"not built ({_LIBRARY.name} absent: reinstall with pip install --no-build-isolation)"
     try:
+        # RTLD_GLOBAL: code AOTInductor generates calls the library's C shims by name
+        # (aoti_c_shims); they are the only symbols it exports
+        ctypes.CDLL(str(_LIBRARY), mode=ctypes.RTLD_GLOBAL)
         torch.ops.load_library(str(_LIBRARY))
     except (OSError, RuntimeError) as e:
         return f"failed to load {_LIBRARY.name}: {e}"
@@ -443,6 +447,32 @@ def max_pool2d(values: torch.Tensor, kernel: Sequence[int], stride: Sequence[int
     output size the caller computed and checked; the output keeps the input's layout."""
     return torch.ops.torchquant_native.max_pool2d_8bit.default(
         values, list(kernel), list(stride), list(padding), list(dilation), list(out_size))
+
+
+_SHIM_HEAD = ("AOTITorchError aoti_torch_cpu_{name}(AtenTensorHandle x, double x_scale, "
+              "int64_t x_zero_point, AtenTensorHandle weight, AtenTensorHandle weight_scale, "
+              "AtenTensorHandle* bias, const int64_t* stride, int64_t stride_len_, "
+              "const int64_t* padding, int64_t padding_len_, const int64_t* dilation, "
+              "int64_t dilation_len_, int64_t groups, AtenTensorHandle* other, "
+              "double other_scale, int64_t other_zero_point, const char* unary, "
+              "const double* scalars, int64_t scalars_len_, double out_scale, "
+              "int64_t out_zero_point, int32_t out_dtype")
+
+
+def aoti_c_shims() -> dict[Any, list[str]]:
+    """AOTInductor's ``custom_ops_to_c_shims`` for the native convs (csrc/aoti_shims.cpp): the
+    C functions generated code calls instead of going through its proxy executor.  For code
+    that runs in this process only (the library must be loaded); empty without it."""
+    if not available():
+        return {}
+    ops = torch.ops.torchquant_native
+    return {
+        ops.qconv2d.default: [_SHIM_HEAD.format(name="qconv2d") + ", AtenTensorHandle* ret0)"],
+        ops.qconv2d_or_onednn.default: [
+            _SHIM_HEAD.format(name="qconv2d_or_onednn")
+            + ", int64_t native_max_batch, AtenTensorHandle onednn_weight, "
+              "AtenTensorHandle weight_zero_point, AtenTensorHandle* ret0)"],
+    }
 
 
 def global_mean_applies(values: torch.Tensor, ndim: int) -> bool:

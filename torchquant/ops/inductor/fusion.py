@@ -44,7 +44,7 @@ from ...kernels import linear as _klinear
 from ...kernels import native as _native
 from .packaging_state import is_packaging
 
-__all__ = ["register"]
+__all__ = ["register", "aoti_c_shims"]
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -564,3 +564,10 @@ def register() -> None:
         pattern = CallFunctionVarArgs(target, users=MULTIPLE)
         register_graph_pattern(pattern, extra_check=check, pass_dict=pass_patterns[0],
                                prepend=True)(_handler(rewrite, exact))
+
+
+def aoti_c_shims() -> dict:
+    """AOTInductor's ``custom_ops_to_c_shims`` for the native conv ops this pass emits: code
+    compiled ahead of time for this process calls them directly (not for packages, which run
+    without torchquant)."""
+    return _native.aoti_c_shims()
