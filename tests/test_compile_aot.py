@@ -120,3 +120,34 @@ def test_a_model_aotinductor_cannot_compile_falls_back(caplog):
         assert torch.equal(ours(-x), -x - 1)
     assert ours._failed is not None
     assert any("could not compile" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("flow", ["eager", "fx"])
+def test_eager_and_fx_models_compile_ahead_of_time(flow):
+    """Eager- and FX-converted models take the AOT path too: the package compile's exact
+    decompositions (adds, pools, Linears) with the native convs kept; outputs equal the
+    converted model's bit for bit."""
+    import torchquant.quantization as tq
+    from torchquant.examples.resnet import ResNet18, randomize_bn
+    from torchquant.quantization import quantize_fx
+    torch.manual_seed(0)
+    float_model = randomize_bn(ResNet18(num_classes=10, width=8)).eval()
+    calib = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    if flow == "fx":
+        prepared = quantize_fx.prepare_fx(copy.deepcopy(float_model),
+                                          tq.get_default_qconfig_mapping("x86"), (calib[:2],))
+        with torch.no_grad():
+            prepared(calib)
+        model = quantize_fx.convert_fx(prepared)
+    else:
+        model = tq.fuse_modules(copy.deepcopy(float_model), float_model.fuse_patterns())
+        model.qconfig = tq.get_default_qconfig("x86")
+        tq.prepare(model, inplace=True)
+        with torch.no_grad():
+            model(calib)
+        model = tq.convert(model)
+    ours = torchquant.compile(model)
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(ours(x), model(x))
+    assert ours._failed is None and len(ours._graphs) == 1

@@ -1,8 +1,10 @@
 """``torchquant.compile``: the fastest way to run a converted model.
 
 On CPUs whose oneDNN u8 x s8 products are exact (VNNI, AMX) a converted model (PT2E, eager or
-FX) goes to ``torch.compile`` with inductor freezing and the C++ wrapper turned on for that
-compile; torchquant's freezing pass
+FX) is compiled ahead of time by AOTInductor for the shapes it is called with
+(:mod:`torchquant._compile_aot`), or goes to ``torch.compile`` with inductor freezing and the
+C++ wrapper turned on for that compile (``aot=False``, ``torch.compile`` arguments, calls the
+AOT graphs cannot serve); either way torchquant's freezing pass
 (:mod:`torchquant.ops.inductor.fusion`) turns its dequantize -> conv / linear (+ relu /
 hardtanh / add / add+relu) -> quantize into oneDNN int8 calls with their weights prepacked at
 freezing; quantize / dequantize left over become fused C++

@@ -28,6 +28,7 @@ from torch._inductor import aoti_compile_and_package, aoti_load_package
 
 from ._log import emit
 from ._package import _TORCHQUANT_CALL, _generated_code
+from .ops.inductor import exact_decompositions
 from .ops.inductor import fusion as _fusion
 
 __all__ = ["AOTCompiledModel"]
@@ -133,7 +134,11 @@ class AOTCompiledModel(torch.nn.Module):
                                               dynamic_shapes=batch if dynamic_batch else None)
                 configs = {**INDUCTOR_CONFIGS,
                            "aot_inductor.custom_ops_to_c_shims": _fusion.aoti_c_shims()}
-                aoti_compile_and_package(program, package_path=path, inductor_configs=configs)
+                # the exact decompositions of the package compile (eager / FX models' adds,
+                # pools, Linears), the native ops kept: the code runs in this process
+                with exact_decompositions.packaging(program.graph, in_process=True):
+                    aoti_compile_and_package(program, package_path=path,
+                                             inductor_configs=configs)
             python_ops = sorted({op for text in _generated_code(path).values()
                                  for op in _TORCHQUANT_CALL.findall(text)})
             if python_ops:

@@ -22,7 +22,7 @@ import torch
 
 from ...kernels import linear as _klinear
 from ...kernels import native as _native
-from . import exact_decompositions
+from . import exact_decompositions, packaging_state
 
 __all__ = ["register", "uuid"]
 
@@ -46,7 +46,8 @@ def uuid() -> str:
         exact = _klinear.onednn_u8s8_exact()
     cpu = (f"onednn_exact={exact};TORCHQUANT_CPU_ISA={os.environ.get('TORCHQUANT_CPU_ISA', '')};"
            f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '')};"
-           f"packaging={exact_decompositions.is_packaging()};native={_native.describe()};"
+           f"packaging={exact_decompositions.is_packaging()};"
+           f"native_allowed={packaging_state.native_allowed()};native={_native.describe()};"
            f"native_exact={_native.available() and _native.exact_u8()}")
     return get_hash_for_files(_sources(), extra=cpu).hex()
 

@@ -55,9 +55,11 @@ _UINT8_SHIFT = 128  # uint8 codes - 128 are int8, which torch._int_mm multiplies
 
 
 @contextlib.contextmanager
-def packaging(graph: torch.fx.Graph) -> Iterator[None]:
+def packaging(graph: torch.fx.Graph, in_process: bool = False) -> Iterator[None]:
     """Inside: inductor decomposes the ops here in ``graph`` (the exported program an
-    AOTInductor package is compiled from).
+    AOTInductor package is compiled from).  ``in_process``: the compiled code runs in this
+    process (``torchquant.compile``'s AOT graphs), so it may still call torchquant's native
+    ops; a package may not.
 
     The entries join inductor's decomposition table on entry and leave it on exit: inductor
     refuses an op that has a table entry and still falls back, so an op has an entry only
@@ -69,11 +71,13 @@ def packaging(graph: torch.fx.Graph) -> Iterator[None]:
             for table in _inductor_tables():
                 table.update(entries)
         packaging_state.depth[0] += 1
+        packaging_state.for_packages[0] += 0 if in_process else 1
     try:
         yield
     finally:
         with packaging_state.lock:
             packaging_state.depth[0] -= 1
+            packaging_state.for_packages[0] -= 0 if in_process else 1
             if packaging_state.depth[0] == 0:
                 for table in _inductor_tables():
                     for op in decompositions_by_op():

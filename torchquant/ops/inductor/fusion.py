@@ -42,7 +42,7 @@ from torch import fx
 from ..._graph import fresh_attr_name, get_attr_value
 from ...kernels import linear as _klinear
 from ...kernels import native as _native
-from .packaging_state import is_packaging
+from .packaging_state import native_allowed
 
 __all__ = ["register", "aoti_c_shims"]
 
@@ -274,7 +274,7 @@ def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: f
     bias_node = None if bias is None else g.constant(bias.to(torch.float32), node, "bias")
     x_shape = _static_shape(q_x)
     image = _image_shape(q_x)
-    native_ok = not is_packaging() and not bool(w_zp.any())
+    native_ok = native_allowed() and not bool(w_zp.any())
 
     def native_args() -> tuple:
         addend = (None, 1.0, 0) if other is None else other
