@@ -60,15 +60,19 @@ def _inputs(batch: int) -> torch.Tensor:
 
 def test_graphs_per_signature_equal_the_torch_compile_path(converted, caplog):
     """Batch 1 and 4 get graphs of their own shapes, a third batch size one symbolic-batch graph
-    that then serves a fourth; every output equals the torch.compile path's bit for bit, and
-    each compile is announced."""
+    that then serves a fourth; every output equals the torch.compile path's bit for bit (under
+    no_grad and inference_mode), and each compile is announced."""
     ours = torchquant.compile(copy.deepcopy(converted))
     assert isinstance(ours, AOTCompiledModel)
     reference = torchquant.compile(copy.deepcopy(converted), aot=False)
+    outputs = {}
     with torch.no_grad(), caplog.at_level(logging.INFO, logger="torchquant"):
         for batch in (1, 4, 8, 3, 1):
             x = _inputs(batch)
-            assert torch.equal(ours(x), reference(x)), batch
+            outputs[batch] = ours(x)
+            assert torch.equal(outputs[batch], reference(x)), batch
+    with torch.inference_mode():  # the same graphs, the same answers
+        assert torch.equal(ours(_inputs(4)), outputs[4])
     assert len(ours._batched) == 1 and None not in ours._batched.values()
     assert len({id(g) for g in ours._graphs.values()}) == 3  # b1, b4, symbolic (b8 and b3)
     messages = [r.getMessage() for r in caplog.records]

@@ -75,6 +75,8 @@ class Scratch {
 thread_local Scratch acc_scratch;         // the calling thread's, shared with its workers
 thread_local Scratch packed_a_scratch;    // each worker's own
 thread_local Scratch row_offset_scratch;
+thread_local Scratch comb_scratch;        // the calling thread's: per-channel scales
+thread_local Scratch zp_corr_scratch;     // and zero-point corrections of the epilogue
 constexpr int64_t kScratchAccMax = 1 << 20;  // int32 accumulators kept between calls (4 MiB)
 
 // A conv weight as the kernels read it.
@@ -758,8 +760,11 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point,
   auto xc = x.contiguous(at::MemoryFormat::ChannelsLast);
   const uint8_t* xp = xc.data_ptr<uint8_t>();
   auto pack = cached_pack(weight, depthwise);
-  std::vector<float> comb(OC);
-  std::vector<int32_t> zp_corr(OC, 0);
+  // per-channel epilogue operands in the calling thread's kept buffers (two allocations per
+  // call otherwise); the workers read them while this call waits for them
+  float* comb = comb_scratch.get<float>(OC);
+  int32_t* zp_corr = zp_corr_scratch.get<int32_t>(OC);
+  std::fill(zp_corr, zp_corr + OC, 0);
   const float xs = static_cast<float>(x_scale);
   const float* ws = weight_scale.data_ptr<float>();
   for (int64_t c = 0; c < OC; ++c) {
@@ -767,7 +772,7 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point,
     comb[c] = depthwise ? w_scale : xs * w_scale;
     if (!depthwise) zp_corr[c] = static_cast<int32_t>(x_zero_point) * pack->col_sums[c];
   }
-  const Epilogue e{comb.data(), depthwise ? xs : 0.0f, zp_corr.data(),
+  const Epilogue e{comb, depthwise ? xs : 0.0f, zp_corr,
                    bias_f.defined() ? bias_f.data_ptr<float>() : nullptr,
                    other_cl.defined() ? other_cl.data_ptr<uint8_t>() : nullptr,
                    static_cast<float>(other_scale), static_cast<float>(other_zero_point), kind,
