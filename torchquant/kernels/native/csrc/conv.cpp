@@ -20,6 +20,7 @@
 #include <fbgemm/Fbgemm.h>
 
 #include "amx.h"
+#include "conv.h"
 
 #include <immintrin.h>
 
