@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 import torchquant
 from torchquant._compile_aot import AOTCompiledModel
 from torchquant._package import _TORCHQUANT_CALL, _generated_code
+from torchquant.kernels import native
 from torchquant.ops import linear as ops_linear
 from torchquant.quantization.quantize_pt2e import convert_pt2e, prepare_pt2e
 from torchquant.quantization.quantizer.x86_inductor_quantizer import (
@@ -80,18 +82,21 @@ def test_graphs_per_signature_equal_the_torch_compile_path(converted, caplog):
     assert any("symbolic batch" in m for m in messages)
 
 
-def test_package_code_calls_no_python_torchquant_op(converted, tmp_path):
+def test_package_code_calls_no_python_torchquant_op(converted):
     """The compiled graph's C++ calls torchquant's native convs (directly, through their C
     shims, not the proxy executor) or oneDNN, and no op implemented in Python (the issue's
     test of the compiled forward)."""
     ours = torchquant.compile(copy.deepcopy(converted), aot=True)
     with torch.no_grad():
         ours(_inputs(2))
-    (path,) = [p for p in __import__("pathlib").Path(ours._folder.name).glob("*.pt2")]
+    (path,) = list(Path(ours._folder.name).glob("*.pt2"))
     sources = _generated_code(str(path))
     text = "".join(sources.values())
     assert not _TORCHQUANT_CALL.findall(text)
-    assert "aoti_torch_cpu_qconv2d(" in text or "qconv_pointwise" in text
+    if native.available() and native.exact_u8():  # these small convs are native: C shim calls
+        assert text.count("aoti_torch_cpu_qconv2d(") >= 3  # its declaration and two calls
+    else:
+        assert "qconv_pointwise" in text
     assert "torchquant_native::qconv2d" not in text  # no proxy-executor call of a native conv
 
 
@@ -105,6 +110,9 @@ def test_calls_it_cannot_serve_take_the_torch_compile_path(converted):
     with pytest.warns(UserWarning, match="grad mode on"):
         out = ours(wants_grad)
     assert ours._fallback is not None
+    # tolerance: grad mode keeps that graph unfrozen, so its convs run in float on dequantized
+    # values (the converted graph's own semantics) and a code at a rounding tie can land one
+    # step from the int8 kernels'; the logits then differ by about a step's effect
     torch.testing.assert_close(out.detach(), expected, rtol=1e-3, atol=1e-3)
     with pytest.raises(ValueError, match="aot=True"):
         torchquant.compile(copy.deepcopy(converted), aot=True, fullgraph=True)

@@ -47,8 +47,9 @@ def compile(model: Any, *, lower: bool = True, use_torch_compile: bool = True,
             inplace: bool = False, aot: Optional[bool] = None, **compile_kwargs: Any) -> Any:
     """Compile a converted model onto int8 kernels.
 
-    A PT2E graph goes to ``torch.compile`` with inductor freezing and the C++ wrapper (for this
-    compile only; ``options`` may turn either off), whose torchquant pass turns each dequantize ->
+    A PT2E graph is compiled with inductor freezing -- ahead of time by AOTInductor (``aot``
+    below), or by ``torch.compile`` with the C++ wrapper (for this compile only; ``options`` may
+    turn either off) -- and torchquant's freezing pass turns each dequantize ->
     conv / linear -> quantize into a oneDNN int8 call with its weight prepacked (call the
     compiled model under ``torch.no_grad()`` or ``torch.inference_mode()``: inductor freezes
     inference graphs only).  Where that pass does not apply (oneDNN inexact on this CPU,
@@ -64,9 +65,9 @@ def compile(model: Any, *, lower: bool = True, use_torch_compile: bool = True,
 
     ``aot``: where the freezing pass applies and no ``compile_kwargs`` are given, the model is
     compiled ahead of time by AOTInductor for the input shapes it is called with
-    (:mod:`torchquant._compile_aot`: the same kernels without Python around them, 1.5-1.8x
-    faster at batch 1); ``aot=False`` takes ``torch.compile``, ``aot=True`` insists (a
-    ValueError where the pass does not apply).
+    (:mod:`torchquant._compile_aot`: the same kernels without Python around them, 1.7-2.5x
+    faster at batch 1 on the bench's CNNs, BENCHMARKS.md); ``aot=False`` takes
+    ``torch.compile``, ``aot=True`` insists (a ValueError where the pass does not apply).
     """
     if isinstance(model, torch.export.ExportedProgram):
         model, inplace = model.module(), True

@@ -69,6 +69,7 @@ class AOTCompiledModel(torch.nn.Module):
         self._graphs: dict[tuple, tuple] = {}
         self._batched: dict[tuple, Optional[tuple]] = {}  # unbatched signature -> graph
         self._failed: Optional[str] = None
+        self._compiles = 0  # names each graph's file
         self._lock = threading.Lock()
         self._folder = tempfile.TemporaryDirectory(prefix="torchquant-aot-")
 
@@ -108,6 +109,7 @@ class AOTCompiledModel(torch.nn.Module):
 
     def _compile_for(self, key: tuple, args: tuple) -> Optional[tuple]:
         spec, signature, threads = key
+        # (an int spec: the arguments are that many tensors, each of which can take a batch dim)
         rest = _unbatched(signature) if isinstance(spec, int) else None
         if rest is not None and any(k[0] == spec and k[2] == threads
                                     and _unbatched(k[1]) == rest for k in self._graphs):
@@ -126,7 +128,8 @@ class AOTCompiledModel(torch.nn.Module):
         emit(logging.INFO, f"torchquant.compile: compiling for {what} with AOTInductor "
                            f"(seconds to a minute, once per signature)")
         start = time.perf_counter()
-        path = f"{self._folder.name}/graph{len(self._graphs) + len(self._batched)}.pt2"
+        self._compiles += 1
+        path = f"{self._folder.name}/graph{self._compiles}.pt2"
         try:
             with torch.no_grad():
                 batch = tuple({0: torch.export.Dim.DYNAMIC} for _ in args)

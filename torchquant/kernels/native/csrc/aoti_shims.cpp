@@ -1,7 +1,7 @@
 // C entry points of the native convs for AOTInductor's generated code (torchquant.compile's
 // ahead-of-time path, torchquant/_compile_aot.py).  Without them the generated code reaches a
 // custom op through its proxy executor: the op's schema copied, an IValue stack (and a list
-// per int[] argument) built and unboxed, per call -- a fifth of a batch-1 MobileNetV2 forward.
+// per int[] argument) built and unboxed, per call -- ~15 % of a batch-1 MobileNetV2 forward.
 // AOTInductor names the function aoti_torch_<device>_<op name> and passes arguments in its C
 // ABI (tensors as handles, optional tensors as pointers to handles, lists as pointer and
 // length, the result through the last pointer); torchquant.kernels.native.aoti_c_shims() holds
