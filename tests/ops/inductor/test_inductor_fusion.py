@@ -249,3 +249,142 @@ def test_torchquant_compile_fuses_fx_and_eager_converted_convs(onednn_convs):
     assert not re.search(r"aoti_torch_cpu_\w*convolution", code)
     assert torch.equal(out, expected)
     assert not inductor_config.freezing
+
+
+def _frozen_graph_nodes(fn, *args):
+    """Compile ``fn`` with freezing; return its output, the call_function nodes of the graph
+    inductor lowers (after every pass) as (target, input dtypes) pairs, and the shapes of the
+    conv weights the fusion pass made constants of."""
+    nodes, conv_weights = [], []
+
+    def capture(graph):
+        for node in graph.nodes:
+            if node.op == "call_function":
+                vals = [a.meta.get("val") for a in node.args if isinstance(a, torch.fx.Node)]
+                nodes.append((node.target, [getattr(v, "dtype", None) for v in vals]))
+            elif node.op == "get_attr" and "conv_weight" in node.target:
+                conv_weights.append(tuple(getattr(graph.owning_module, node.target).shape))
+
+    torch._dynamo.reset()
+    with inductor_config.patch(freezing=True, fx_graph_cache=False,
+                               post_grad_custom_post_pass=capture), torch.no_grad():
+        out = torch.compile(fn)(*args)
+    return out, nodes, conv_weights
+
+
+def _pools(nodes):
+    """The input dtype of each max pool computing values (not the offsets -> indices op)."""
+    pools = ("max_pool2d_with_indices", "_low_memory_max_pool_with_offsets")
+    return [dtypes[0] for target, dtypes in nodes if any(p in str(target) for p in pools)]
+
+
+@pytest.mark.parametrize("storage, out_qparams", [
+    (torch.uint8, (0.05, 10)),     # the same qparams after the pool: no dequantize / quantize
+    (torch.uint8, (0.07, 3)),      # requantized after the pool: dequantize -> quantize kept
+    (torch.int8, (0.05, 10)),
+])
+def test_max_pool_of_dequantized_integers_pools_the_integers(storage, out_qparams):
+    """dequantize -> max pool -> quantize pools the 8-bit integers (a positive scale keeps
+    their order), bit for bit the eager result; with the same qparams on both sides nothing
+    but the integer pool is left."""
+    tq = torch.ops.torchquant
+    name = "quint8" if storage == torch.uint8 else "qint8"
+
+    def fn(q):
+        pooled = torch.nn.functional.max_pool2d(tq.dequantize_per_tensor(q, 0.05, 10), 3, 2, 1)
+        return tq.quantize_per_tensor(pooled, *out_qparams, name)
+
+    info = torch.iinfo(storage)
+    torch.manual_seed(0)
+    q = torch.randint(info.min, info.max + 1, (2, 16, 9, 9), dtype=storage)
+    q = q.contiguous(memory_format=torch.channels_last)
+    out, nodes, _ = _frozen_graph_nodes(fn, q)
+    assert torch.equal(out, fn(q))
+    assert _pools(nodes) == [storage]
+    targets = {target for target, _ in nodes}
+    requantized = out_qparams != (0.05, 10)
+    assert (tq.dequantize_per_tensor.default in targets) == requantized
+    assert (tq.quantize_per_tensor.default in targets) == requantized
+
+
+def test_max_pool_with_indices_used_stays_float():
+    """The indices of a max pool of dequantized values are used: the pool is left alone."""
+    tq = torch.ops.torchquant
+
+    def fn(q):
+        values, indices = torch.nn.functional.max_pool2d(
+            tq.dequantize_per_tensor(q, 0.05, 10), 2, return_indices=True)
+        return tq.quantize_per_tensor(values, 0.05, 10, "quint8"), indices
+
+    q = torch.randint(0, 256, (1, 4, 6, 6), dtype=torch.uint8)
+    (out, indices), nodes, _ = _frozen_graph_nodes(fn, q)
+    expected, expected_indices = fn(q)
+    assert torch.equal(out, expected) and torch.equal(indices, expected_indices)
+    assert _pools(nodes) == [torch.float32]
+
+
+def test_trimmed_padding_taps_give_the_same_accumulator():
+    """Kernel taps that only ever read padding are dropped (a 3x3 conv over a 1x1 image is its
+    centre tap); the conv left gives the same integer accumulator (exact in float64) for every
+    geometry, and keeps the conv where trimming would change its padding's symmetry."""
+    from torchquant.ops.inductor.fusion import _trim_padding_taps
+    torch.manual_seed(0)
+    trimmed = 0
+    for size in (1, 2, 3, 5):
+        for kernel in (1, 2, 3, 5):
+            for stride in (1, 2, 3):
+                for dilation in (1, 2):
+                    for padding in range(kernel // 2 + 1):
+                        if size + 2 * padding < dilation * (kernel - 1) + 1:
+                            continue
+                        x = torch.randint(-128, 128, (2, 3, size, size)).double()
+                        w = torch.randint(-128, 128, (4, 3, kernel, kernel), dtype=torch.int8)
+                        geometry = ([stride] * 2, [padding] * 2, [dilation] * 2, 1)
+                        w2, (s2, p2, d2, _) = _trim_padding_taps([size, size], w, geometry)
+                        expected = torch.nn.functional.conv2d(x, w.double(), None, stride,
+                                                              padding, dilation)
+                        got = torch.nn.functional.conv2d(x, w2.double(), None, s2, p2, d2)
+                        assert torch.equal(got, expected), (size, kernel, stride, dilation)
+                        trimmed += w2.shape != w.shape
+    assert trimmed > 10
+    w = torch.ones(8, 8, 3, 3, dtype=torch.int8)
+    w2, (_, padding, _, _) = _trim_padding_taps([1, 1], w, ([1, 1], [1, 1], [1, 1], 1))
+    assert w2.shape == (8, 8, 1, 1) and padding == [0, 0]
+
+
+@pytest.mark.skipif(not klinear.onednn_u8s8_exact(), reason="oneDNN u8 x s8 inexact here")
+@pytest.mark.parametrize("native_convs", [False, True])
+def test_convs_over_one_pixel_images_run_their_centre_tap(native_convs, monkeypatch):
+    """A 3x3 conv over the 1x1 images a ResNet's last stage sees on small inputs compiles to a
+    1x1 conv (oneDNN's or the native one): the integers of the untrimmed oneDNN-fused eager
+    model."""
+    if native_convs and not (native.available() and native.exact_u8()):
+        pytest.skip("the native conv runs where fbgemm's u8 x s8 is exact")
+    if not native_convs:
+        monkeypatch.setattr(native, "conv_preferred", lambda *args: False)
+
+    class Tail(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.down = nn.Conv2d(16, 32, 3, stride=2, padding=1)
+            self.conv = nn.Conv2d(32, 32, 3, padding=1)
+            self.relu1, self.relu2 = nn.ReLU(), nn.ReLU()
+
+        def forward(self, x):
+            return self.relu2(self.conv(self.relu1(self.down(x))))
+
+    torch.manual_seed(0)
+    example = torch.randn(4, 16, 2, 2)
+    prepared = prepare_pt2e(torch.export.export(Tail().eval(), (example,)).module(),
+                            X86InductorQuantizer().set_global(
+                                get_default_x86_inductor_quantization_config()))
+    prepared(example)
+    converted = convert_pt2e(prepared)
+    with torch.no_grad():
+        fused_eager = torchquant.compile(converted, use_torch_compile=False)(example)
+    out, _, conv_weights = _frozen_graph_nodes(copy.deepcopy(converted), example)
+    # the stride-2 conv over 2x2 images reads its taps 1..2 only; the 3x3 over 1x1 its centre
+    assert sorted(conv_weights) == [(32, 16, 2, 2), (32, 32, 1, 1)]
+    scale = (fused_eager[fused_eager > 0].min()).item()
+    steps = _steps(out, fused_eager, scale)
+    assert steps.max() <= 1 and (steps > 0).float().mean() < 0.01

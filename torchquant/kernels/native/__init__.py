@@ -239,6 +239,11 @@ _FBGEMM_CONV_ZERO_ZP_MAX_MACS = 20_000_000
 _FBGEMM_POINTWISE_MAX_ROWS = 2048   # 1x1 convs over >= 64 input channels, any zero point
 _FBGEMM_POINTWISE_MAX_MACS = 40_000_000
 _FBGEMM_DEPTHWISE_MAX_ROWS = 1024
+# Images of at most 2x2 pixels (ResNet's last stage on 32x32 inputs): a padded kernel reads
+# more padding than pixels, where oneDNN's kernel is slow; the native conv won every such plain conv
+# measured, 37-151 M multiply-accumulates, 64-512 rows, 1 and 2 threads (BENCHMARKS.md).
+_FBGEMM_TINY_IMAGE_PIXELS = 4
+_FBGEMM_CONV_TINY_MAX_ROWS = 512
 _FBGEMM_DEPTHWISE_MAX = 200_000     # rows x channels; half that at zero point 0
 # An input zero point of 0 (activations after ReLU) spares oneDNN its zero-point compensation:
 # its AMX kernel then wins at many output rows (ResNet-18's 56x56 convs and 7x7 stem at batch
@@ -282,6 +287,9 @@ def conv_preferred(x_shape: Sequence[int], weight_shape: Sequence[int], stride: 
         return macs <= _AMX_CONV_MAX_MACS
     if ((kh, kw) == (1, 1) and icg >= 64 and rows <= _FBGEMM_POINTWISE_MAX_ROWS
             and macs <= _FBGEMM_POINTWISE_MAX_MACS):
+        return True
+    if (h * w <= _FBGEMM_TINY_IMAGE_PIXELS and (kh, kw) != (1, 1)
+            and rows <= _FBGEMM_CONV_TINY_MAX_ROWS):
         return True
     if zero_zp:
         return rows <= _FBGEMM_CONV_ZERO_ZP_MAX_ROWS and macs <= _FBGEMM_CONV_ZERO_ZP_MAX_MACS

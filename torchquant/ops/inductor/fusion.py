@@ -34,11 +34,14 @@ oneDNN kernels.
 """
 from __future__ import annotations
 
+import math
+import operator
 from typing import Any, Callable, Optional
 
 import torch
 from torch import fx
 
+from ... import dtypes as _dt
 from ..._graph import fresh_attr_name, get_attr_value
 from ...kernels import linear as _klinear
 from ...kernels import native as _native
@@ -258,6 +261,45 @@ def _least_batch(node: Any) -> int:
         return 0
 
 
+def _live_taps(size: int, kernel: int, stride: int, padding: int,
+               dilation: int) -> Optional[tuple[int, int]]:
+    """The first and last kernel tap along one spatial dimension that reads an input pixel
+    (not padding) for some output position; None if none does."""
+    outputs = _native.conv_output_size(size, kernel, stride, padding, dilation)
+    live = [tap for tap in range(kernel)
+            if any(0 <= o * stride - padding + tap * dilation < size for o in range(outputs))]
+    return (live[0], live[-1]) if live else None
+
+
+def _trim_padding_taps(spatial: Optional[list[int]], w: torch.Tensor,
+                       geometry: tuple) -> tuple[torch.Tensor, tuple]:
+    """Drop the kernel rows / columns that only ever read padding (a 3x3 conv over a 1x1
+    image reads only its centre): padding holds the input's zero point, so those taps add
+    exactly zero to the int32 accumulator and the smaller conv gives the same integers.  Only
+    where the trimmed conv keeps symmetric padding and the output size."""
+    stride, padding, dilation, groups = geometry
+    if spatial is None or len(spatial) != 2 or w.dim() != 4:
+        return w, geometry
+    bounds, trimmed_padding = [], []
+    for dim, size in enumerate(spatial):
+        kernel, s, p, d = int(w.shape[2 + dim]), stride[dim], padding[dim], dilation[dim]
+        taps = _live_taps(size, kernel, s, p, d)
+        if taps is None:
+            return w, geometry
+        first, last = taps
+        new_padding = p - first * d
+        if new_padding < 0 or (_native.conv_output_size(size, last - first + 1, s, new_padding, d)
+                               != _native.conv_output_size(size, kernel, s, p, d)):
+            return w, geometry
+        bounds.append((first, last))
+        trimmed_padding.append(new_padding)
+    if all(bounds[dim] == (0, w.shape[2 + dim] - 1) for dim in range(2)):
+        return w, geometry
+    (r0, r1), (c0, c1) = bounds
+    return (w[:, :, r0:r1 + 1, c0:c1 + 1].contiguous(),
+            (stride, trimmed_padding, dilation, groups))
+
+
 def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: float,
                x_zp: int, w: torch.Tensor, w_scale: torch.Tensor, w_zp: torch.Tensor,
                bias: Optional[torch.Tensor], geometry: tuple, other: Optional[tuple],
@@ -268,12 +310,13 @@ def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: f
     oneDNN's with the weight prepacked here.  ``other``: the
     (uint8 node, scale, zero point) added before ``unary``; ``out``: the output's quint8
     qparams, None for float32."""
+    x_shape = _static_shape(q_x)
+    image = _image_shape(q_x)
+    w, geometry = _trim_padding_taps(image and image[1:], w, geometry)
     stride, padding, dilation, groups = geometry
     out_scale, out_zp, out_dtype = (*out, torch.uint8) if out else (1.0, 0, torch.float32)
     fake = _fake_like(last.meta["val"], out_dtype, torch.channels_last)
     bias_node = None if bias is None else g.constant(bias.to(torch.float32), node, "bias")
-    x_shape = _static_shape(q_x)
-    image = _image_shape(q_x)
     native_ok = native_allowed() and not bool(w_zp.any())
 
     def native_args() -> tuple:
@@ -480,6 +523,59 @@ def _fuse_linear(g: _Graph, node: fx.Node) -> bool:
     return True
 
 
+def _max_pool_targets() -> tuple:
+    """The max pool ops a frozen graph may spell a 2-d max pool with (the second once
+    inductor's low-memory pass has run); output 0 is the pooled values in both."""
+    low_memory = getattr(prims, "_low_memory_max_pool_with_offsets", None)  # inductor's prim
+    return (aten.max_pool2d_with_indices.default,
+            *(() if low_memory is None else (low_memory.default,)))
+
+
+def _pool_integers(g: _Graph, node: fx.Node) -> bool:
+    """A max pool of dequantized 8-bit values pools the integers instead: dequantizing is
+    monotone (a positive scale), so ``max(dequantize(v)) == dequantize(max(v))`` bit for bit
+    and the pool reads a quarter of the bytes.  Where a quantize to the same parameters and the
+    full storage range follows, the dequantize / quantize pair goes too (it is the identity on
+    the integers for scales of normal float32 magnitude), leaving the integer pool alone."""
+    dq = node.args[0]
+    if not (_is(dq, _tq().dequantize_per_tensor.default) and len(dq.args) == 3
+            and not dq.kwargs):
+        return False
+    q_in, scale, zp = dq.args
+    val = q_in.meta.get("val") if isinstance(q_in, fx.Node) else None
+    if (val is None or val.dtype not in (torch.uint8, torch.int8) or _scalar(scale) is None
+            or not 0.0 < float(scale) < math.inf or not isinstance(zp, int)):
+        return False
+    users = list(node.users)
+    if not all(_is(u, operator.getitem) and u.args[1] == 0 for u in users) or len(users) != 1:
+        return False    # the indices are used (or the values twice): leave the float pool
+    values = users[0]
+    graph = node.graph
+    with graph.inserting_before(node):
+        pooled = graph.call_function(node.target, (q_in, *node.args[1:]), dict(node.kwargs))
+        ints = graph.call_function(operator.getitem, (pooled, 0))
+    ints.meta["val"] = _fake_like(values.meta["val"], val.dtype, torch.preserve_format)
+    pooled.meta["val"] = (ints.meta["val"], *node.meta["val"][1:])
+    after = _single_user(values)
+    info = torch.iinfo(val.dtype)
+    if (_is(after, _tq().quantize_per_tensor.default) and len(after.args) >= 4
+            and float(after.args[1]) == float(scale) and after.args[2] == zp
+            and 1e-30 < float(scale) < 1e30):
+        qdtype = _dt.qdtype_of(after.args[3])
+        if (qdtype.storage_dtype == val.dtype and qdtype.qmin == info.min
+                and qdtype.qmax == info.max):
+            after.replace_all_uses_with(ints)
+            graph.erase_node(after)
+            graph.erase_node(values)
+            return True
+    with graph.inserting_before(node):
+        deq = graph.call_function(dq.target, (ints, scale, zp))
+    deq.meta["val"] = values.meta["val"]
+    values.replace_all_uses_with(deq)
+    graph.erase_node(values)
+    return True
+
+
 def _erase_dead(node: fx.Node) -> None:
     """Erase ``node`` if nothing uses it, and then each producer only it used."""
     stack = [node]
@@ -559,6 +655,7 @@ def register() -> None:
             (aten.convolution.default, _x_is_dequantized, _fuse_conv, True),
             (aten.addmm.default, _x_is_dequantized, _fuse_linear, True),
             (aten.mm.default, _x_is_dequantized, _fuse_linear, True),
+            *((pool, _always, _pool_integers, False) for pool in _max_pool_targets()),
             (tq.dequantize_per_channel.default, _weight_is_frozen, _fold_rewrite, False),
             (tq.dequantize_per_tensor.default, _weight_is_frozen, _fold_rewrite, False)):
         pattern = CallFunctionVarArgs(target, users=MULTIPLE)
