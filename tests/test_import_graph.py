@@ -30,7 +30,7 @@ _LAYER_OF_TOP = {"dtypes": "dtypes", "affine": "affine", "kernels": "kernels", "
                  "_qtensor_pointwise": "qtensor", "_validation": "qtensor", "nn": "nn",
                  "quantization": "quantization", "examples": "app", "demo": "app",
                  "__main__": "app", "__init__": "app",
-                 "_log": "dtypes", "_files": "dtypes",
+                 "_log": "dtypes", "_files": "dtypes", "_config": "dtypes",
                  "_graph": "dtypes"}  # helpers every layer may use
 
 # (importing module, imported module) pairs that go up a layer (inside a function); they are
@@ -317,3 +317,54 @@ def test_ops_is_the_only_door_to_kernels():
         for target in targets
         if target == "torchquant.kernels" or target.startswith("torchquant.kernels."))
     assert not offenders, offenders
+
+
+def _reads_environment(node: ast.AST) -> bool:
+    """``os.environ`` / ``os.getenv`` / ``os.environb`` (or those names imported from os)."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        return node.value.id == "os" and node.attr in ("environ", "environb", "getenv",
+                                                       "getenvb")
+    if isinstance(node, ast.ImportFrom) and node.module == "os":
+        return any(a.name in ("environ", "environb", "getenv", "getenvb") for a in node.names)
+    return False
+
+
+def test_config_is_a_leaf_of_the_standard_library():
+    """``torchquant._config`` reads every environment switch and imports nothing of
+    torchquant (nor torch), so every layer may import it."""
+    tree = ast.parse((PACKAGE / "_config.py").read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}
+    imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and not n.level}
+    assert imported - {"__future__"} <= set(sys.stdlib_module_names), imported
+    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree))
+
+
+def test_only_config_reads_the_environment():
+    """The package reads the environment in ``_config.py`` only (one documented accessor per
+    switch); the app layer (examples, demo) may set third-party variables and read its own
+    (``XDG_CACHE_HOME``, torchrun's ``RANK``), but no ``TORCHQUANT_*`` one."""
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        if module == "torchquant._config":
+            continue
+        tree = ast.parse(path.read_text())
+        if _layer(module) < LAYERS.index("app"):
+            offenders += [f"{module}:{n.lineno}" for n in ast.walk(tree) if _reads_environment(n)]
+            continue
+        for n in ast.walk(tree):  # app layer: no read of a TORCHQUANT_* variable
+            named = [a for a in ast.walk(n) if isinstance(a, ast.Constant)
+                     and isinstance(a.value, str) and a.value.startswith("TORCHQUANT_")]
+            if not named:
+                continue
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                    and n.func.attr in ("get", "getenv", "pop") \
+                    and _reads_environment(n.func.value if n.func.attr != "getenv" else n.func):
+                offenders.append(f"{module}:{n.lineno}")
+            elif (isinstance(n, ast.Compare) or isinstance(n, ast.Subscript)
+                  and isinstance(n.ctx, ast.Load)) and any(_reads_environment(a)
+                                                           for a in ast.walk(n)):
+                offenders.append(f"{module}:{n.lineno}")
+    assert sorted(offenders) == [], "read the switch through torchquant._config"

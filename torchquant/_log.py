@@ -8,8 +8,9 @@ and otherwise writes the line to stderr itself; ``TORCHQUANT_QUIET=1`` silences 
 from __future__ import annotations
 
 import logging
-import os
 import sys
+
+from . import _config
 
 __all__ = ["logger", "emit", "emit_once"]
 
@@ -34,7 +35,7 @@ def emit(level: int, message: str) -> None:
     never configured (INFO and above)."""
     if _configured(logger):
         logger.log(level, "%s", message)
-    elif level >= logging.INFO and os.environ.get("TORCHQUANT_QUIET", "") in ("", "0"):
+    elif level >= logging.INFO and not _config.quiet():
         name = logging.getLevelName(level)
         print(f"torchquant {name.lower() if level < logging.WARNING else name}: {message}",
               file=sys.stderr)

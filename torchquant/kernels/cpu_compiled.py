@@ -39,13 +39,13 @@ only moves when a kernel builds, never what it computes.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import Any, Callable, Optional
 
 import torch
 
+from .. import _config
 from .._log import emit_once
 from .registry import register
 from ..affine import FMA
@@ -53,14 +53,13 @@ from .reference import (add_formula, dequantize_formula, fake_quantize_formula,
                         quantize_finite_formula, quantize_formula)
 
 log = logging.getLogger("torchquant")
-_DEFAULT_HOT_CALLS = 2
-HOT_CALLS = int(os.environ.get("TORCHQUANT_COMPILED_HOT_CALLS", str(_DEFAULT_HOT_CALLS)))
+_DEFAULT_HOT_CALLS = _config.DEFAULT_COMPILED_HOT_CALLS
+HOT_CALLS = _config.compiled_hot_calls()
 # What a build is expected to cost before this process has measured one (seconds).  The first
 # build of a process also starts inductor's C++ toolchain and costs far more than later ones
 # (BENCHMARKS.md, "first use").
-FIRST_BUILD_ESTIMATE_S = float(os.environ.get("TORCHQUANT_COMPILED_FIRST_BUILD_ESTIMATE_S",
-                                              "10.0"))
-BUILD_ESTIMATE_S = float(os.environ.get("TORCHQUANT_COMPILED_BUILD_ESTIMATE_S", "1.0"))
+FIRST_BUILD_ESTIMATE_S = _config.compiled_first_build_estimate_s()
+BUILD_ESTIMATE_S = _config.compiled_build_estimate_s()
 # Seconds of eager runs per amortised signature so far, and the seconds each build took.
 _eager_s: dict[tuple, float] = {}
 _build_s: list[float] = []
@@ -240,7 +239,7 @@ def expected_build_s() -> float:
     after the first (the last 16), or :data:`BUILD_ESTIMATE_S` before there are any.  Setting
     ``TORCHQUANT_COMPILED_BUILD_ESTIMATE_S`` fixes both estimates to its value."""
     if not _build_s:
-        if "TORCHQUANT_COMPILED_BUILD_ESTIMATE_S" in os.environ:
+        if _config.compiled_build_estimate_set():
             return BUILD_ESTIMATE_S
         return FIRST_BUILD_ESTIMATE_S
     recent = _build_s[1:][-16:]
@@ -281,8 +280,7 @@ def _build_timed(source: Callable, args: tuple) -> Callable[[list], Any]:
 
 
 def _amortising() -> bool:
-    return ("TORCHQUANT_COMPILED_HOT_CALLS" not in os.environ
-            and HOT_CALLS == _DEFAULT_HOT_CALLS)
+    return not _config.compiled_hot_calls_set() and HOT_CALLS == _DEFAULT_HOT_CALLS
 
 
 def hot_kernel(op: str, source: Callable, args: tuple, hot_calls: Optional[int] = None,

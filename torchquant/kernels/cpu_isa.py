@@ -20,25 +20,16 @@ dynamic Linear has no CPU choice of its own (a float32 GEMM of the widened weigh
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Callable, Iterator
+
+from .. import _config
 
 __all__ = ["ISA_LEVELS", "cpu_isa_cap", "set_cpu_isa_cap", "forced_cpu_isa",
            "int8_pairs_forced_saturating", "cpu_flags", "on_change"]
 
-ISA_LEVELS = ("avx2", "avx512", "avx512_vnni", "amx", "default")
+ISA_LEVELS = _config.CPU_ISA_LEVELS
 _SATURATING = ("avx2", "avx512")
-_ENV = "TORCHQUANT_CPU_ISA"
-
-
-def _parse(value: str) -> str:
-    level = value.strip().lower() or "default"
-    if level not in ISA_LEVELS:
-        raise ValueError(f"{_ENV} must be one of {', '.join(ISA_LEVELS)}, got {value!r}")
-    return level
-
-
-_CAP = _parse(os.environ.get(_ENV, "default"))
+_CAP = _config.cpu_isa()  # read once, at import
 _LISTENERS: list[Callable[[], None]] = []
 
 
@@ -57,7 +48,7 @@ def set_cpu_isa_cap(level: str) -> None:
     """Cap torchquant's CPU choices at ``level`` from now on.  Weights packed before keep the
     plans they built (modules re-plan when repacked); tests use :func:`forced_cpu_isa`."""
     global _CAP
-    _CAP = _parse(level)
+    _CAP = _config.parse_cpu_isa(level)
     for listener in _LISTENERS:
         listener()
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import struct
 import time
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 import torch
 import torch.nn.functional as F
 
+from .. import _config
 from . import cpu_compiled, cpu_isa, sparse_correction
 from .reference import quantize_formula
 from .registry import get, mode, register
@@ -50,7 +50,7 @@ Scalar = Union[float, int, torch.Tensor]
 # Below this many rows ``_int_mm`` + epilogue is used instead of oneDNN.  On the AMX Xeon of
 # the benchmarks oneDNN wins from one row (1x768x3072: 48 us against _int_mm's 131 us; an AMD
 # EPYC measured earlier favoured _int_mm at one row), so oneDNN takes every row count.
-ONEDNN_MIN_ROWS = int(os.environ.get("TORCHQUANT_ONEDNN_MIN_ROWS", "1"))
+ONEDNN_MIN_ROWS = _config.onednn_min_rows()
 _UINT8_TO_INT8_SHIFT = 128
 _SIGN_BIT = torch.tensor(-128, dtype=torch.int8)  # x_u8 ^ 0x80 viewed as int8 == x_u8 - 128
 _EPILOGUE_CACHE_SIZE = 8

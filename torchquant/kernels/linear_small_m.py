@@ -25,13 +25,13 @@ GEMM is the faster one).  :func:`dynamic_linear_codes_reference` is the integer 
 """
 from __future__ import annotations
 
-import os
 import struct
 import weakref
 from typing import Optional
 
 import torch
 
+from .. import _config
 from .linear import PackedLinearWeight, onednn_exact_for, onednn_u8s8_exact
 from .registry import mode
 
@@ -40,7 +40,7 @@ __all__ = ["SMALL_M_MAX_ROWS", "exact_float_gemm_applies", "quantized_codes",
            "dynamic_linear_fused_epilogue"]
 
 # Up to this many rows the float32 GEMM replaces oneDNN's int8 one (where it applies).
-SMALL_M_MAX_ROWS = int(os.environ.get("TORCHQUANT_SMALL_M_MAX_ROWS", "16"))
+SMALL_M_MAX_ROWS = _config.small_m_max_rows()
 _FLOAT32_EXACT_INTEGERS = 1 << 24
 _MAX_CODE = 255  # |code - zero_point| for uint8 activations
 _FLOAT32 = struct.Struct("f")

@@ -7,11 +7,12 @@ implementations import it without importing their own package back.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 
 import torch
+
+from .. import _config
 
 __all__ = ["Kernel", "register", "get", "implementations", "reference_only", "set_mode", "mode"]
 
@@ -32,9 +33,7 @@ class Kernel:
 
 
 _REGISTRY: dict[str, list[Kernel]] = {}
-_MODE = os.environ.get("TORCHQUANT_KERNELS", "auto").strip().lower() or "auto"
-if _MODE not in ("auto", "reference"):
-    raise ValueError(f"TORCHQUANT_KERNELS must be 'auto' or 'reference', got {_MODE!r}")
+_MODE = _config.kernels_mode()  # read once, at import
 
 
 def register(op: str, name: str, devices: tuple[str, ...] = ("cpu", "cuda"),

@@ -30,7 +30,7 @@ from typing import Optional
 
 import torch
 
-from .. import affine
+from .. import _config, affine
 from .. import dtypes as _dt
 from ..kernels import conv as _kconv
 from ..kernels.linear import onednn_u8_exact_max, onednn_u8s8_exact
@@ -46,7 +46,7 @@ _MAX_THREADS = max(os.cpu_count() or 1, torch.get_num_threads())
 
 @torch.compiler.assume_constant_result
 def _enabled() -> bool:
-    if os.environ.get("TORCHQUANT_COMPILE_LOWERING", "1").strip() == "0":
+    if not _config.compile_lowering_enabled():
         return False
     import torch._inductor.config as config
     return (not config.cpp.enable_unsafe_math_opt_flag

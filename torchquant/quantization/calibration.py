@@ -6,13 +6,14 @@ A progress bar is tqdm's when tqdm is installed, else a one-line bar of our own 
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
+
+from .. import _config
 
 __all__ = ["calibrate", "progress_bar"]
 
@@ -52,7 +53,7 @@ class _SimpleBar:
 def _wanted(enabled: Optional[bool]) -> bool:
     if enabled is not None:
         return bool(enabled)
-    return sys.stderr.isatty() and os.environ.get("TORCHQUANT_QUIET", "") in ("", "0")
+    return sys.stderr.isatty() and not _config.quiet()
 
 
 def progress_bar(iterable: Iterable, desc: str, enabled: Optional[bool] = None,

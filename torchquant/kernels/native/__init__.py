@@ -29,13 +29,13 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
-import os
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from ... import _config
 from ... import affine as _affine
 from ..._log import emit_once
 from .. import cpu_isa
@@ -52,7 +52,7 @@ _state: dict[str, Any] = {}
 
 def _load() -> Optional[str]:
     """Load the library once; the reason it is not usable, or None."""
-    if os.environ.get("TORCHQUANT_NATIVE", "1").strip() == "0":
+    if not _config.native_enabled():
         return "disabled by TORCHQUANT_NATIVE=0"
     if not _LIBRARY.exists():
         return f"not built ({_LIBRARY.name} absent: reinstall with pip install --no-build-isolation)"

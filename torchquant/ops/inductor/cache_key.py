@@ -14,12 +14,12 @@ configuration value of the user's is touched.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
+from ... import _config
 from ...kernels import linear as _klinear
 from ...kernels import native as _native
 from . import exact_decompositions, packaging_state
@@ -44,8 +44,7 @@ def uuid() -> str:
 
     with unset_fake_temporarily():
         exact = _klinear.onednn_u8s8_exact()
-    cpu = (f"onednn_exact={exact};TORCHQUANT_CPU_ISA={os.environ.get('TORCHQUANT_CPU_ISA', '')};"
-           f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '')};"
+    cpu = (f"onednn_exact={exact};{_config.cache_key_environment()};"
            f"packaging={exact_decompositions.is_packaging()};"
            f"native_allowed={packaging_state.native_allowed()};native={_native.describe()};"
            f"native_exact={_native.available() and _native.exact_u8()}")
