@@ -282,3 +282,16 @@ def test_quantize_finite_per_tensor_equals_quantize_int():
                                       torch.tensor(zp), 0, 255, torch.uint8)
             fast = affine.quantize_finite_per_tensor(data, scale, zp, 0, 255, torch.uint8)
             assert torch.equal(fast, ref)
+
+
+@given(st.floats(allow_nan=False) | st.sampled_from([3.4028235677973366e38, 3.4028235e38 * 2,
+                                                      -1e39, 2.0**-150, 1 + 2.0**-24,
+                                                      1 + 3 * 2.0**-24, 0.1, 6.1e-5]))
+def test_round_to_float32_is_torchs_float32(value):
+    """The one float32 rounding of a Python number: what a float32 tensor stores (ties to
+    even, +-inf past float32's range)."""
+    assert affine.round_to_float32(value) == torch.tensor(value, dtype=torch.float32).item()
+
+
+def test_round_to_float32_keeps_nan():
+    assert affine.round_to_float32(float("nan")) != affine.round_to_float32(float("nan"))

@@ -41,6 +41,7 @@ __all__ = [
     "dequantize_block_operands", "quantize_block", "dequantize_block", "group_block_size",
     "fake_quantize", "fake_quantize_with_mask", "fake_quantize_args", "fake_quantize_ste",
     "fake_quantize_learnable", "pack_sub_byte", "unpack_sub_byte", "inv_scale_f32",
+    "round_to_float32",
     "check_scale", "check_zero_point", "quantize_mode",
     "choose_qparams_aten_scalar", "requantize",
     "dequantize_int_premul", "quantize_with_multiplier", "quantize_float64", "quantize_scalar",
@@ -49,6 +50,17 @@ __all__ = [
 FMA, MUL_ADD, ROUND_ADD = "fma", "mul_add", "round_add"
 FP32_EPS = torch.finfo(torch.float32).eps
 SMALL_SCALE_THRESHOLD = 6.1e-5  # ATen's floor for dynamically chosen scales
+
+
+def round_to_float32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (ties to even; +-inf where float32 overflows,
+    nan stays nan), as a Python float: what torch does to a Python number it stores in, or
+    compares with, a float32 tensor.  The one place torchquant writes this rounding.  (The
+    module-level ``struct`` functions, not a ``struct.Struct``: dynamo traces those.)"""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,7 +287,8 @@ def choose_qparams_aten(min_val: torch.Tensor, max_val: torch.Tensor, qmin: int,
         new_mx = torch.where(mn == 0, thr * (qmax - qmin), torch.where(mx == 0, mx, mx * amplifier))
         mn = torch.where(small, new_mn, mn)
         mx = torch.where(small, new_mx, mx)
-        scale = torch.where(small, torch.full_like(scale, _f32(SMALL_SCALE_THRESHOLD)), scale)
+        scale = torch.where(small, torch.full_like(scale, round_to_float32(SMALL_SCALE_THRESHOLD)),
+                            scale)
     mnd, mxd = mn.double(), mx.double()
     zp_from_min = qmin - mnd / scale
     zp_from_max = qmax - mxd / scale
@@ -797,14 +810,6 @@ def quantize_mode(qdtype: QDType, per_channel: bool) -> str:
 # Per-call forms for the int8 kernels (scalar qparams, accumulator requantization)
 # --------------------------------------------------------------------------------------------
 
-def _f32(value: float) -> float:
-    """``value`` rounded to float32 (inf where float32 overflows), as a Python float."""
-    try:
-        return struct.unpack("f", struct.pack("f", value))[0]
-    except OverflowError:
-        return math.copysign(math.inf, value)
-
-
 def choose_qparams_aten_scalar(min_val: float, max_val: float, qmin: int, qmax: int,
                                preserve_sparsity: bool = False,
                                reduce_range: bool = False,
@@ -813,14 +818,14 @@ def choose_qparams_aten_scalar(min_val: float, max_val: float, qmin: int, qmax: 
 
     Dynamic quantization picks activation qparams on every call; the tensor version costs ~40
     tiny tensor ops, this one a few microseconds of Python.  Same arithmetic step for step
-    (float32 steps emulated with :func:`_f32`), so the results are identical (tested); returns
-    (scale as a float32 value, zero_point).  ``float32_scale=False`` returns the scale as the
-    double ATen computes (what ``torch.quantize_per_tensor_dynamic`` stores as ``q_scale``);
-    quantizing rounds it to float32 either way.
+    (float32 steps emulated with :func:`round_to_float32`), so the results are identical
+    (tested); returns (scale as a float32 value, zero_point).  ``float32_scale=False`` returns
+    the scale as the double ATen computes (what ``torch.quantize_per_tensor_dynamic`` stores as
+    ``q_scale``); quantizing rounds it to float32 either way.
     """
     if reduce_range:
         qmin, qmax = qmin // 2, qmax // 2
-    mn, mx = _f32(float(min_val)), _f32(float(max_val))
+    mn, mx = round_to_float32(float(min_val)), round_to_float32(float(max_val))
     if not (math.isfinite(mn) and math.isfinite(mx)):
         raise ValueError(f"choose_qparams: min {mn} and max {mx} must be finite")
     if mn > mx:
@@ -829,22 +834,22 @@ def choose_qparams_aten_scalar(min_val: float, max_val: float, qmin: int, qmax: 
     if straddles:
         sym_qmin = -((qmax - qmin) // 2 + 1)
         sym_qmax = (qmax - qmin) // 2
-        max_scale = max(abs(_f32(mn / sym_qmin)), abs(_f32(mx / sym_qmax)))
-        mn, mx = _f32(max_scale * sym_qmin), _f32(max_scale * sym_qmax)
+        max_scale = max(abs(round_to_float32(mn / sym_qmin)), abs(round_to_float32(mx / sym_qmax)))
+        mn, mx = round_to_float32(max_scale * sym_qmin), round_to_float32(max_scale * sym_qmax)
     mn, mx = min(mn, 0.0), max(mx, 0.0)
     scale = (mx - mn) / (qmax - qmin)
-    scale_f = _f32(scale)
-    if scale_f == 0 or math.isinf(_f32(1.0 / scale_f)):
+    scale_f = round_to_float32(scale)
+    if scale_f == 0 or math.isinf(round_to_float32(1.0 / scale_f)):
         scale = 0.1
     if scale < SMALL_SCALE_THRESHOLD:
-        thr = _f32(SMALL_SCALE_THRESHOLD)
-        amplifier = _f32(thr / _f32(scale))
+        thr = round_to_float32(SMALL_SCALE_THRESHOLD)
+        amplifier = round_to_float32(thr / round_to_float32(scale))
         if mn == 0:
-            mx = _f32(thr * (qmax - qmin))
+            mx = round_to_float32(thr * (qmax - qmin))
         elif mx == 0:
-            mn = _f32(-thr * (qmax - qmin))
+            mn = round_to_float32(-thr * (qmax - qmin))
         else:
-            mn, mx = _f32(mn * amplifier), _f32(mx * amplifier)
+            mn, mx = round_to_float32(mn * amplifier), round_to_float32(mx * amplifier)
         scale = thr
     err_min = abs(qmin) - abs(mn / scale)
     err_max = abs(qmax) - abs(mx / scale)
@@ -852,7 +857,7 @@ def choose_qparams_aten_scalar(min_val: float, max_val: float, qmin: int, qmax: 
     if straddles:
         zp = (qmin + qmax) / 2
     zero_point = qmin if zp < qmin else qmax if zp > qmax else int(round(zp))
-    return (_f32(scale) if float32_scale else scale), zero_point
+    return (round_to_float32(scale) if float32_scale else scale), zero_point
 
 
 def requantize(acc: torch.Tensor, multiplier: torch.Tensor, offset: torch.Tensor, qmin: int,
@@ -917,14 +922,14 @@ def quantize_scalar(value: float, scale: float, zero_point: int, qmin: int, qmax
                     mode: str = MUL_ADD) -> int:
     """:func:`quantize_int` of one Python float, in Python (float32 steps emulated exactly):
     for the bounds and constants that kernels quantize once per call."""
-    inv = _f32(1.0 / _f32(scale))
-    product = _f32(_f32(value) * inv)
+    inv = round_to_float32(1.0 / round_to_float32(scale))
+    product = round_to_float32(round_to_float32(value) * inv)
     if mode == ROUND_ADD:
         y = round(product) + zero_point if math.isfinite(product) else product
     elif mode == MUL_ADD:
-        y = round(_f32(product + zero_point)) if math.isfinite(product) else product
+        y = round(round_to_float32(product + zero_point)) if math.isfinite(product) else product
     elif mode == FMA:
-        y = _f32(_f32(value) * inv + zero_point)
+        y = round_to_float32(round_to_float32(value) * inv + zero_point)
         y = round(y) if math.isfinite(y) else y
     else:
         raise ValueError(f"unknown rounding mode {mode!r}")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional, Union
@@ -831,9 +830,6 @@ def _dynamic_linear_int_mm(x_q, x_scale, x_zp, packed, relu):
     return y.relu_() if relu else y
 
 
-_FLOAT32 = struct.Struct("f")
-
-
 def _unit_epilogue_operands(packed: PackedLinearWeight) -> tuple:
     """(unit channel scales, zero channel zero points, the per-tensor weight scale or None,
     the pack with unit scales and no bias), made once per pack (kept in
@@ -859,8 +855,8 @@ def fbgemm_dynamic_epilogue(acc: torch.Tensor, x_scale: Scalar, packed: PackedLi
     multiply-adds on CPU (tests/nn/test_dynamic_modules.py checks the bits against torch.ao)."""
     per_tensor = _unit_epilogue_operands(packed)[2]
     if per_tensor is not None:
-        x32 = _FLOAT32.unpack(_FLOAT32.pack(float(x_scale)))[0]
-        multiplier = _FLOAT32.unpack(_FLOAT32.pack(per_tensor * x32))[0]  # exact, rounded once
+        x32 = affine.round_to_float32(float(x_scale))
+        multiplier = affine.round_to_float32(per_tensor * x32)  # exact, rounded once
         y = (acc.mul_(multiplier) if packed.bias is None
              else torch.add(packed.bias, acc, alpha=multiplier))
     else:

@@ -25,13 +25,13 @@ GEMM is the faster one).  :func:`dynamic_linear_codes_reference` is the integer 
 """
 from __future__ import annotations
 
-import struct
 import weakref
 from typing import Optional
 
 import torch
 
 from .. import _config
+from ..affine import round_to_float32
 from .linear import PackedLinearWeight, onednn_exact_for, onednn_u8s8_exact
 from .registry import mode
 
@@ -43,7 +43,6 @@ __all__ = ["SMALL_M_MAX_ROWS", "exact_float_gemm_applies", "quantized_codes",
 SMALL_M_MAX_ROWS = _config.small_m_max_rows()
 _FLOAT32_EXACT_INTEGERS = 1 << 24
 _MAX_CODE = 255  # |code - zero_point| for uint8 activations
-_FLOAT32 = struct.Struct("f")
 
 # packed weight -> {"exact": bool, "mm": [K, N] float32, "mkldnn": oneDNN-packed float32}
 _FLOAT_WEIGHTS: "weakref.WeakKeyDictionary[PackedLinearWeight, dict]" = \
@@ -70,10 +69,6 @@ def _entry(packed: PackedLinearWeight) -> dict:
     return entry
 
 
-def _f32(value: float) -> float:
-    return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
-
-
 def _epilogue(acc: torch.Tensor, x_scale: float, packed: PackedLinearWeight,
               entry: dict) -> torch.Tensor:
     """fbgemm's ``fma(acc, x_scale * w_scale, bias)`` (``torch.add(b, a, alpha=m)`` and
@@ -81,7 +76,8 @@ def _epilogue(acc: torch.Tensor, x_scale: float, packed: PackedLinearWeight,
     possible."""
     scale = entry["scale"]
     if scale is not None:
-        multiplier = _f32(scale * _f32(x_scale))  # exact in double, then rounded once
+        # exact in double, then rounded once
+        multiplier = round_to_float32(scale * round_to_float32(x_scale))
         if packed.bias is None:
             return acc.mul_(multiplier)
         return torch.add(packed.bias, acc, alpha=multiplier)

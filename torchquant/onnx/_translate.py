@@ -265,7 +265,7 @@ def _dynamic_qparams(x: ir.Value, qmin: int, qmax: int, reduce_range: bool
                      _const(0.1, np.float64), scale)
     zp = op.Sub(_const(float(qmin), np.float64), op.Div(mn, scale))
     zp = op.Round(op.Clip(zp, _const(float(qmin), np.float64), _const(float(qmax), np.float64)))
-    thr = float(np.float32(affine.SMALL_SCALE_THRESHOLD))
+    thr = affine.round_to_float32(affine.SMALL_SCALE_THRESHOLD)
     return op.Max(scale, _const(thr, np.float64)), zp
 
 
@@ -303,7 +303,7 @@ def _observer_rule_quantize(x: ir.Value, qdtype: str, qmin: Optional[int],
     mn = op.Min(op.ReduceMin(xf, keepdims=0), _f32(0.0))
     mx = op.Max(op.ReduceMax(xf, keepdims=0), _f32(0.0))
     scale = op.Max(op.Div(op.Sub(mx, mn), _f32(float(qmax - qmin))),
-                   _f32(float(np.float32(eps))))
+                   _f32(affine.round_to_float32(eps)))
     zp = op.Clip(op.Sub(_f32(float(qmin)), op.Round(op.Div(mn, scale))),
                  _f32(float(qmin)), _f32(float(qmax)))
     codes = op.QuantizeLinear(xf, scale, op.Cast(zp, to=_onnx_type(qdtype)))

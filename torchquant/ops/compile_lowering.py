@@ -71,13 +71,13 @@ def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 
 
 def _f32_tensor(value: float, device: torch.device) -> torch.Tensor:
-    return torch.tensor(affine._f32(value), dtype=torch.float32, device=device)
+    return torch.tensor(affine.round_to_float32(value), dtype=torch.float32, device=device)
 
 
 def _inv_scale(scale: float) -> float:
     """:func:`affine.inv_scale_f32` of a Python scale, as a Python number (the float32 quotient
     of float32 operands is the float32 rounding of their exact double quotient)."""
-    return affine._f32(1.0 / affine._f32(scale))
+    return affine.round_to_float32(1.0 / affine.round_to_float32(scale))
 
 
 # ---- conv on saturating CPUs -----------------------------------------------------------------
@@ -126,7 +126,7 @@ def add(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: fl
     if not _vector_only(a, b, qdtype):
         return None
     device = a.device
-    a_s, b_s = affine._f32(a_scale), affine._f32(b_scale)
+    a_s, b_s = affine.round_to_float32(a_scale), affine.round_to_float32(b_scale)
     operands = (_f32_tensor(a_s, device), _f32_tensor(a_s * -float(a_zp), device),
                 _f32_tensor(b_s, device), _f32_tensor(b_s * -float(b_zp), device),
                 _f32_tensor(_inv_scale(out_scale), device), _f32_tensor(float(out_zp), device))

@@ -471,7 +471,7 @@ def _inv_count(count: int) -> float:
     Below 2**24 the float64 quotient rounded to float32 is that value (no double rounding:
     checked for every count), computed without tensors, so never from fake ones."""
     if 0 < count < (1 << 24):
-        return affine._f32(1.0 / count)
+        return affine.round_to_float32(1.0 / count)
     return torch.reciprocal(torch.tensor(float(count), dtype=torch.float32)).item()
 
 

@@ -75,7 +75,7 @@ def _observer_rule(x: torch.Tensor, qdtype: _dt.QDType, qmin: Optional[int],
         mn, mx = torch.aminmax(x)
     min_neg, max_pos = torch.clamp(mn, max=0.0), torch.clamp(mx, min=0.0)
     scale = torch.clamp((max_pos - min_neg) / float(qmax - qmin),
-                        min=torch.tensor(eps, dtype=torch.float32).item())
+                        min=affine.round_to_float32(eps))
     zero_point = torch.clamp(qmin - torch.round(min_neg / scale), qmin, qmax)
     inv = torch.reciprocal(scale.to(torch.float64)).to(torch.float32)
     # (inverse scale, zero point) through a one-element reduction: inductor keeps a reduction's

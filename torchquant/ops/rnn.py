@@ -33,7 +33,6 @@ arithmetic fused, torch.ao's numbers) and the projections below are one fbgemm c
 """
 from __future__ import annotations
 
-import struct
 from typing import Callable, Optional, Union
 
 import torch
@@ -55,7 +54,6 @@ __all__ = ["lstm_step", "gru_step", "rnn_step", "hidden_projection", "input_proj
 GateWeight = Union[PackedLinearWeight, PackedLinearFp16Weight]
 
 _NONLINEARITIES = ("tanh", "relu")
-_FLOAT32 = struct.Struct("f")
 
 
 # ---- the hidden-to-hidden projection --------------------------------------------------------
@@ -88,7 +86,7 @@ def _int8_projection(x: Tensor, packed: PackedLinearWeight, reduce_range: bool) 
     mn, mx = torch.aminmax(x)
     scale, zp = affine.choose_qparams_aten_scalar(mn.item(), mx.item(), 0, 255, False,
                                                   reduce_range)
-    inv = _FLOAT32.unpack(_FLOAT32.pack(1.0 / scale))[0]
+    inv = affine.round_to_float32(1.0 / scale)
     if _small_m.exact_float_gemm_applies(x, packed):
         # torch.add(zp, x, alpha=inv) is the fused fma(x, inv, zp) on CPU (tested)
         codes = torch.add(_zero_point_tensor(zp), x, alpha=inv).round_().clamp_(0, 255)

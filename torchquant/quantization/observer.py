@@ -99,11 +99,6 @@ def _require_static(owner: str, is_dynamic: bool) -> None:
         raise NotImplementedError(f"{owner} does not support dynamic quantization")
 
 
-def _float32(value: float) -> float:
-    """``value`` rounded to the nearest float32 (how torch compares a tensor with a Python float)."""
-    return struct.unpack("<f", struct.pack("<f", value))[0]
-
-
 def _step_down_while_at_least(beta: float, alpha: float, step: float, total: float,
                               level: float) -> float:
     """Repeat ``beta -= step`` while ``beta > alpha`` and ``float32((beta - step) * total) >= level``.
@@ -721,9 +716,10 @@ class HistogramObserver(UniformQuantizationObserverBase):
         while alpha < beta:
             next_alpha, next_beta = alpha + self._STEP, beta - self._STEP
             # torch compares float32 partial sums with Python floats: the float is rounded first
-            left = bisect.bisect_left(cumulative, _float32(next_alpha * total), start, end)
-            right = bisect.bisect_right(cumulative, _float32(next_beta * total), start + 1,
-                                        end + 1) - 1
+            left = bisect.bisect_left(cumulative, affine.round_to_float32(next_alpha * total),
+                                      start, end)
+            right = bisect.bisect_right(cumulative, affine.round_to_float32(next_beta * total),
+                                        start + 1, end + 1) - 1
             if left - start > end - right:
                 candidate, alpha = (left, end), next_alpha
             else:

@@ -67,7 +67,7 @@ def _quantize_per_tensor(x: Any, scale: float, zero_point: int, qdtype: str,
             or affine.quantize_mode(q, per_channel=False) != affine.FMA):
         return _fallback(torch.ops.torchquant.quantize_per_tensor.default, x, scale, zero_point,
                          qdtype, rounding)
-    inv = affine._f32(1.0 / affine._f32(scale))
+    inv = affine.round_to_float32(1.0 / affine.round_to_float32(scale))
     load = x.make_loader()
     return _pointwise(x, q.storage_dtype, lambda idx: _quantize_8bit_values(
         load(idx), inv, int(zero_point), q.qmin, q.qmax, q.storage_dtype, decomposed))
@@ -78,7 +78,7 @@ def _dequantize_per_tensor(q: Any, scale: float, zero_point: int) -> Any:
     if q.get_dtype() not in (torch.uint8, torch.int8):
         return _fallback(torch.ops.torchquant.dequantize_per_tensor.default, q, scale, zero_point)
     load = q.make_loader()
-    zp, s = float(zero_point), affine._f32(scale)
+    zp, s = float(zero_point), affine.round_to_float32(scale)
     return _pointwise(q, torch.float32, lambda idx: ops.mul(
         ops.sub(ops.to_dtype(load(idx), torch.float32), _constant(zp, torch.float32)),
         _constant(s, torch.float32)))

@@ -171,11 +171,12 @@ def add(a: torch.Tensor, a_scale: float, a_zero_point: int, b: torch.Tensor, b_s
     qd = _dt.qdtype_of(qdtype)
 
     def f32(value: float) -> torch.Tensor:
-        return torch.tensor(affine._f32(value), dtype=torch.float32, device=a.device)
-    a_s, b_s = affine._f32(a_scale), affine._f32(b_scale)
+        return torch.tensor(affine.round_to_float32(value), dtype=torch.float32, device=a.device)
+    a_s, b_s = affine.round_to_float32(a_scale), affine.round_to_float32(b_scale)
     out = add_formula(a, b, f32(a_s), f32(a_s * -float(a_zero_point)), f32(b_s),
                       f32(b_s * -float(b_zero_point)),
-                      f32(affine._f32(1.0 / affine._f32(out_scale))), f32(float(out_zero_point)),
+                      f32(affine.round_to_float32(1.0 / affine.round_to_float32(out_scale))),
+                      f32(float(out_zero_point)),
                       qd.qmin, qd.qmax, qd.storage_dtype, post_op == "relu", fma=_fma)
     return out.contiguous(memory_format=_layout_of(a))
 
@@ -203,7 +204,7 @@ def adaptive_avg_pool2d(values: torch.Tensor, zero_point: int, qdtype: str,
     count = math.prod(values.shape[-2:])
     sums = values.sum((-2, -1), keepdim=True, dtype=torch.int32)
     acc = (sums - count * zero_point).to(torch.float32)
-    inv = affine._f32(1.0 / count)
+    inv = affine.round_to_float32(1.0 / count)
     q = torch.clamp(torch.round(acc * inv + float(zero_point)), qd.qmin, qd.qmax)
     return q.to(torch.int32).to(qd.storage_dtype).contiguous(memory_format=_layout_of(values))
 
