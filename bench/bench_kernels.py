@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from torchquant.kernels.conv import pack_conv_weight, quantized_conv
-from torchquant.kernels.linear import (dynamic_linear, pack_linear_weight,
-                                       per_token_dynamic_linear, quantized_linear)
+from torchquant.kernels.linear import dynamic_linear, per_token_dynamic_linear, quantized_linear
+from torchquant.kernels.packed_linear import pack_linear_weight
 
 warnings.filterwarnings("ignore", message="torch.quantize_per_tensor, torch.quantize_per_channel")
 

@@ -14,10 +14,10 @@ warnings.filterwarnings("ignore", message="torch.quantize_per_tensor, torch.quan
 def _cpu_paths_report() -> tuple[str, ...]:
     """The CPU and the path each torchquant kernel family takes on it (issue 27)."""
     from torchquant.kernels import cpu_isa
-    from torchquant.kernels import linear as klinear
+    from torchquant.kernels import onednn_exactness as exactness
     from torchquant.kernels import linear_small_m
     from torchquant.kernels import native
-    exact_max = klinear.onednn_u8_exact_max()
+    exact_max = exactness.onednn_u8_exact_max()
     if exact_max >= 255:
         int8 = "oneDNN int8, one call for every uint8 input"
         dynamic = "oneDNN int8 accumulator + torch.ao's fused epilogue"
@@ -37,7 +37,7 @@ def _cpu_paths_report() -> tuple[str, ...]:
         f"{cpu_isa.cpu_isa_cap()}",
         f"torchquant paths: linear / conv: {int8}; dynamic linear: {dynamic}; conv-transpose: "
         f"reference; fp16 linear: float32 GEMM; torch._int_mm exact here: "
-        f"{klinear.int_mm_exact_on_cpu()}",
+        f"{exactness.int_mm_exact_on_cpu()}",
         f"native kernels: {native.describe()}; full-range uint8 through fbgemm: "
         f"{native.available() and native.exact_u8()} (else reduce_range dynamic Linear / RNNs "
         "only)",
@@ -83,8 +83,8 @@ def weights_only_roundtrip():
 # ``vpmaddubsw``, which saturates each pair ``u8*s8 + u8*s8`` to int16: with activations above
 # 128 torch's quantized Linear / Conv are simply wrong there (e.g. 247 where the exact answer
 # is 255).  Activations 0..127 -- what torch's reduce_range qconfigs produce -- never saturate.
-# torchquant's own kernels stay exact on such CPUs (kernels.linear.onednn_u8_exact_max); only
-# the oracle needs care.
+# torchquant's own kernels stay exact on such CPUs
+# (kernels.onednn_exactness.onednn_u8_exact_max); only the oracle needs care.
 
 def _torch_linear_conv_u8(engine: str) -> tuple[int, int]:
     """torch's quantized Linear and Conv2d output for all-255 activations and all-127 weights

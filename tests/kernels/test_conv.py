@@ -21,7 +21,7 @@ from torchquant import kernels
 from torchquant.kernels import cpu_isa
 from torchquant.kernels.conv import (PackedConvWeight, pack_conv_weight, quantized_conv,
                                      quantized_conv_transpose)
-from torchquant.kernels.linear import PostOp
+from torchquant.kernels.post_ops import PostOp
 
 nnq = torch.ao.nn.quantized
 nniq = torch.ao.nn.intrinsic.quantized
@@ -159,8 +159,8 @@ def test_saturation_guard(monkeypatch):
     """Where oneDNN saturates int16 pairs (forced here; the real state on AVX2-only CPUs) a
     oneDNN conv plan runs inputs above 128 on the reference, returned channels-last like
     oneDNN's output, and inputs <= 128 on oneDNN."""
-    from torchquant.kernels import linear as klinear
-    monkeypatch.setattr(klinear, "onednn_u8_exact_max", lambda: klinear.ONEDNN_SAFE_U8_MAX)
+    from torchquant.kernels import onednn_exactness as exactness
+    monkeypatch.setattr(exactness, "onednn_u8_exact_max", lambda: exactness.ONEDNN_SAFE_U8_MAX)
     w_int, w_scale, w_zp, axis, _ = random_weight((16, 8, 3, 3), True)
     packed = pack_conv_weight(w_int, w_scale, w_zp, axis, torch.randn(16), 1, 1)
     if packed.onednn_weight is None:

@@ -7,7 +7,7 @@ from torch import nn
 
 from torchquant import quantization as tqq
 from torchquant.kernels import cpu_compiled
-from torchquant.kernels.linear import onednn_u8s8_exact
+from torchquant.kernels.onednn_exactness import onednn_u8s8_exact
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ import torch
 
 from torchquant.kernels import conv as kconv
 from torchquant.kernels import linear as klinear
+from torchquant.kernels import onednn_exactness as exactness
+from torchquant.kernels.packed_linear import pack_linear_weight
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,15 +35,15 @@ def codes() -> dict:
             x, 0.04, 100, packed, 1, 1, 1, 1, 0.3, 80,
             "relu" if dims == 2 else "none").contiguous()
     w = torch.randint(-127, 128, (40, 96), dtype=torch.int8, generator=g)
-    packed = klinear.pack_linear_weight(w, torch.rand(40, generator=g) * 0.01 + 0.002,
-                                        torch.zeros(40, dtype=torch.int64), 0,
-                                        torch.randn(40, generator=g))
+    packed = pack_linear_weight(w, torch.rand(40, generator=g) * 0.01 + 0.002,
+                                torch.zeros(40, dtype=torch.int64), 0,
+                                torch.randn(40, generator=g))
     x = torch.randint(0, 256, (24, 96), dtype=torch.uint8, generator=g)
     out["linear"] = klinear.quantized_linear(x, 0.04, 100, packed, 0.35, 90)
     for rows in (3, 40):
         xf = torch.randn(rows, 96, generator=g) * 2
         out[f"dynamic_linear_{rows}"] = klinear.dynamic_linear(xf, packed, reduce_range=False)
-    out["onednn_u8_exact_max"] = torch.tensor(klinear.onednn_u8_exact_max())
+    out["onednn_u8_exact_max"] = torch.tensor(exactness.onednn_u8_exact_max())
     return out
 
 
@@ -58,6 +60,6 @@ def test_codes_unchanged_with_onednn_held_to_avx2(tmp_path):
     here = codes()
     # the child's oneDNN saturates (the variable took effect), whatever this CPU does
     assert int(child.pop("onednn_u8_exact_max")) == min(int(here.pop("onednn_u8_exact_max")),
-                                                        klinear.ONEDNN_SAFE_U8_MAX)
+                                                        exactness.ONEDNN_SAFE_U8_MAX)
     for name, value in here.items():
         assert torch.equal(child[name], value), name

@@ -23,12 +23,14 @@ from torchquant import kernels
 from torchquant.kernels import conv as kconv
 from torchquant.kernels import cpu_isa
 from torchquant.kernels import linear as klinear
+from torchquant.kernels import onednn_exactness as exactness
+from torchquant.kernels.packed_linear import pack_linear_weight
 from torchquant.kernels import sparse_correction
 
 from conftest import assert_equal_but_ties
 
 LEVELS = ["default", "avx512_vnni", "avx512", "avx2"]
-pytestmark = pytest.mark.skipif(not klinear.onednn_usable(), reason="no usable oneDNN")
+pytestmark = pytest.mark.skipif(not exactness.onednn_usable(), reason="no usable oneDNN")
 
 X_SCALE, X_ZP = 0.04, 100
 
@@ -54,12 +56,12 @@ def _run_per_level(fn):
 
 def test_levels_change_what_torchquant_measures():
     with cpu_isa.forced_cpu_isa("default"):  # also where TORCHQUANT_CPU_ISA caps this run
-        measured = klinear.onednn_u8_exact_max()
+        measured = exactness.onednn_u8_exact_max()
     with cpu_isa.forced_cpu_isa("avx2"):
-        assert klinear.onednn_u8_exact_max() == min(measured, klinear.ONEDNN_SAFE_U8_MAX)
-        assert not klinear.onednn_u8s8_exact()
+        assert exactness.onednn_u8_exact_max() == min(measured, exactness.ONEDNN_SAFE_U8_MAX)
+        assert not exactness.onednn_u8s8_exact()
     with cpu_isa.forced_cpu_isa("avx512_vnni"):
-        assert klinear.onednn_u8_exact_max() == measured
+        assert exactness.onednn_u8_exact_max() == measured
     assert cpu_isa.cpu_isa_cap() == "default" or cpu_isa.cpu_isa_cap() in cpu_isa.ISA_LEVELS
     with pytest.raises(ValueError, match="TORCHQUANT_CPU_ISA"):
         cpu_isa.set_cpu_isa_cap("sse2")
@@ -84,9 +86,9 @@ def test_linear_paths_agree(per_channel, post_op):
     magnitude = (exact_y.abs() + 2 * bias.double().abs()) / out_scale + out_zp
 
     def run():
-        packed = klinear.pack_linear_weight(w, scale, torch.zeros(n, dtype=torch.int64)
-                                            if per_channel else torch.tensor(0),
-                                            0 if per_channel else None, bias)
+        packed = pack_linear_weight(w, scale, torch.zeros(n, dtype=torch.int64)
+                                    if per_channel else torch.tensor(0),
+                                    0 if per_channel else None, bias)
         return klinear.quantized_linear(x, X_SCALE, X_ZP, packed, out_scale, out_zp,
                                         post_op=post_op)
 
@@ -169,9 +171,9 @@ def test_dynamic_linear_paths_agree(rows, reduce_range, per_channel):
     x = torch.randn(rows, k, generator=g) * 3
 
     def run():
-        packed = klinear.pack_linear_weight(w, scale, torch.zeros(n, dtype=torch.int64)
-                                            if per_channel else torch.tensor(0),
-                                            0 if per_channel else None, bias)
+        packed = pack_linear_weight(w, scale, torch.zeros(n, dtype=torch.int64)
+                                    if per_channel else torch.tensor(0),
+                                    0 if per_channel else None, bias)
         return klinear.dynamic_linear(x, packed, reduce_range)
 
     outs = _run_per_level(run)

@@ -24,9 +24,10 @@ from hypothesis import strategies as st
 
 import torchquant as tq
 from torchquant import affine, kernels
-from torchquant.kernels.linear import (ONEDNN_MIN_ROWS, PackedLinearWeight, PostOp,
-                                       dynamic_linear, pack_linear_weight,
+from torchquant.kernels.linear import (ONEDNN_MIN_ROWS, dynamic_linear,
                                        per_token_dynamic_linear, quantized_linear)
+from torchquant.kernels.packed_linear import PackedLinearWeight, pack_linear_weight
+from torchquant.kernels.post_ops import PostOp
 
 nnq = torch.ao.nn.quantized
 nnqd = torch.ao.nn.quantized.dynamic
@@ -180,9 +181,10 @@ def test_saturation_guard_splits_large_inputs(monkeypatch):
     exact halves (x & 127, x >> 7): results as the exact int32 GEMM's (one float rounding
     apart at most), never the unvectorised ``_int_mm``; the per-token fast path splits too."""
     from torchquant.kernels import linear as klinear
+    from torchquant.kernels import onednn_exactness as exactness
     if not static_impls()["onednn"].available():
         pytest.skip("oneDNN not available")
-    monkeypatch.setattr(klinear, "onednn_u8_exact_max", lambda: klinear.ONEDNN_SAFE_U8_MAX)
+    monkeypatch.setattr(exactness, "onednn_u8_exact_max", lambda: exactness.ONEDNN_SAFE_U8_MAX)
     calls = []
     for op in ("_quantized_linear_int_mm", "_dynamic_linear_int_mm", "onednn_split_linear"):
         real = getattr(klinear, op)
@@ -204,9 +206,9 @@ def test_saturation_guard_splits_large_inputs(monkeypatch):
     # the exact int32 GEMM: _int_mm where it is exact on this CPU (not under
     # ONEDNN_MAX_CPU_ISA=AVX2 on a VNNI CPU, where ATen still sends it to oneDNN), else the
     # reference kernels
-    exact_static = (klinear._quantized_linear_int_mm if klinear.int_mm_exact_on_cpu()
+    exact_static = (klinear._quantized_linear_int_mm if exactness.int_mm_exact_on_cpu()
                     else reference)
-    exact_dynamic = (klinear._dynamic_linear_int_mm if klinear.int_mm_exact_on_cpu()
+    exact_dynamic = (klinear._dynamic_linear_int_mm if exactness.int_mm_exact_on_cpu()
                      else kernels.implementations("dynamic_linear")["reference"].fn)
     assert_within_one_step(onednn_static(big, *static_args), exact_static(big, *static_args))
     torch.testing.assert_close(onednn_dynamic(big, 0.05, 7, packed, False),
@@ -263,11 +265,12 @@ def test_dispatch_by_rows():
         assert kernels.get("quantized_linear", one_row, packed=packed,
                            out_qdtype=tq.quint8) is impls["int_mm"].fn
     # int8 activations (qint8) are _int_mm's whatever the rows (oneDNN takes uint8 only),
-    # where _int_mm is exact on this CPU (see klinear.int_mm_exact_on_cpu), else the reference's
-    from torchquant.kernels import linear as klinear
+    # where _int_mm is exact on this CPU (see exactness.int_mm_exact_on_cpu), else the
+    # reference's
+    from torchquant.kernels import onednn_exactness as exactness
     assert kernels.get("quantized_linear", one_row.to(torch.int8), packed=packed,
                        out_qdtype=tq.quint8) is \
-        impls["int_mm" if klinear.int_mm_exact_on_cpu() else "reference"].fn
+        impls["int_mm" if exactness.int_mm_exact_on_cpu() else "reference"].fn
     if impls["onednn"].available():
         many = torch.zeros(ONEDNN_MIN_ROWS, 16, dtype=torch.uint8)
         assert kernels.get("quantized_linear", many, packed=packed,
@@ -397,7 +400,7 @@ def test_per_token_fast_path_matches_reference_and_definition(monkeypatch):
     the exact double reference, hence the small tolerance.  Where oneDNN saturates int16 pairs
     (AVX2-only CPUs: the shifted rows reach 255) that path is off and the rows go through
     ``_int_mm``; the compiled row kernel is then checked on its own."""
-    from torchquant.kernels import cpu_compiled, linear as klinear
+    from torchquant.kernels import cpu_compiled, linear as klinear, onednn_exactness
     monkeypatch.setattr(cpu_compiled, "HOT_CALLS", 1)
     w_int, w_scale, w_zp, axis, _ = random_weight(48, 384, True)
     bias = torch.randn(48)
@@ -414,7 +417,7 @@ def test_per_token_fast_path_matches_reference_and_definition(monkeypatch):
         * w_scale.double() + bias.double()
     # the fast path runs wherever oneDNN is usable (split in two exact halves where its
     # products saturate int16 pairs above 128)
-    fast_path = klinear.onednn_usable()
+    fast_path = onednn_exactness.onednn_usable()
     assert (klinear._per_token_fast(x, packed, False) is None) == (not fast_path)
     for relu in (False, True):
         want = (torch.relu(expected) if relu else expected).float()

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from torchquant.kernels import linear_small_m as S
-from torchquant.kernels.linear import onednn_u8s8_exact, pack_linear_weight
+from torchquant.kernels.onednn_exactness import onednn_u8s8_exact
+from torchquant.kernels.packed_linear import pack_linear_weight
 from torchquant.kernels.registry import reference_only
 
 

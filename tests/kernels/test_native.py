@@ -20,7 +20,7 @@ from torchquant import affine
 from torchquant import kernels
 from torchquant.kernels import linear_small_m as S
 from torchquant.kernels import native
-from torchquant.kernels.linear import pack_linear_weight
+from torchquant.kernels.packed_linear import pack_linear_weight
 from torchquant.kernels.recurrent import gru_sequence_reference, lstm_sequence_reference
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=native.describe())
@@ -199,7 +199,8 @@ def test_sequence_kernels_match_their_references(reverse, hs):
 
 def test_disabled_by_environment_variable():
     code = ("import torch, torchquant.kernels.native as n\n"
-            "from torchquant.kernels.linear import pack_linear_weight, dynamic_linear\n"
+            "from torchquant.kernels.linear import dynamic_linear\n"
+            "from torchquant.kernels.packed_linear import pack_linear_weight\n"
             "assert not n.available() and 'TORCHQUANT_NATIVE=0' in n.describe()\n"
             "p = pack_linear_weight(torch.ones(4, 8, dtype=torch.int8), torch.tensor(0.1),"
             " torch.tensor(0))\n"
@@ -250,7 +251,7 @@ def test_static_linear_matches_torch_ao(rows, n, k, per_channel, relu):
     plain-torch reference rounds a float64 result: within one step of them)."""
     import torch.ao.nn.quantized as ao_nnq
     from torch.ao.nn.intrinsic.quantized import LinearReLU
-    from torchquant.kernels.linear import post_op_of
+    from torchquant.kernels.post_ops import post_op_of
     if not native.exact_u8():
         pytest.skip("fbgemm saturates full-range uint8 activations on this CPU (no VNNI)")
     packed = _packed(n, k, per_channel, bias=rows != 128, seed=rows)

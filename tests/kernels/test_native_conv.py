@@ -262,7 +262,7 @@ def test_eager_conv_plans_bind_the_native_conv(monkeypatch):
     small conv, with the post-op and the add fused; with it turned off, oneDNN's call gives the
     same integers up to its one-step rounding differences."""
     from torchquant.kernels import conv as kconv
-    from torchquant.kernels.linear import PostOp
+    from torchquant.kernels.post_ops import PostOp
     x, w, w_scale, bias, (stride, padding, dilation, groups) = _case(16, 32, 3, 10, 1, 1, 1, 1, 1,
                                                                      True)
     packed = kconv.pack_conv_weight(w, w_scale.double(), torch.zeros(32, dtype=torch.long), 0,

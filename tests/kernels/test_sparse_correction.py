@@ -13,10 +13,12 @@ import torch.nn.functional as F
 
 from torchquant.kernels import conv as kconv
 from torchquant.kernels import linear as klinear
+from torchquant.kernels import onednn_exactness as exactness
 from torchquant.kernels import sparse_correction as sparse
-from torchquant.kernels.linear import PostOp
+from torchquant.kernels.packed_linear import pack_linear_weight
+from torchquant.kernels.post_ops import PostOp
 
-pytestmark = pytest.mark.skipif(klinear.onednn_u8_exact_max() < 0, reason="no usable oneDNN")
+pytestmark = pytest.mark.skipif(exactness.onednn_u8_exact_max() < 0, reason="no usable oneDNN")
 
 _FLOAT_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
@@ -128,7 +130,7 @@ def test_float_accumulator_bound_switches_to_int32():
     assert sparse._accumulator_dtype(1 << 17) == torch.int32
     g = torch.Generator().manual_seed(2)
     w = torch.randint(-128, 128, (4, 1 << 17), dtype=torch.int8, generator=g)
-    packed = klinear.pack_linear_weight(w, torch.full((4,), 0.001, dtype=torch.float64),
+    packed = pack_linear_weight(w, torch.full((4,), 0.001, dtype=torch.float64),
                                         torch.zeros(4, dtype=torch.int64), 0)
     x = torch.full((2, 1 << 17), 255, dtype=torch.uint8)  # every hi set: the largest sums
     bits = sparse.HighBits(255, torch.arange(x.numel()), False)
@@ -207,7 +209,7 @@ def test_high_scale_is_onednn_output_scale():
 @pytest.mark.parametrize("post_op", ["none", "relu", "add"])
 def test_quantized_conv_sparse_and_dense_give_the_same_integers(post_op, monkeypatch):
     """End to end through the oneDNN plan, forced to split as on a saturating CPU."""
-    monkeypatch.setattr(klinear, "onednn_u8_exact_max", lambda: klinear.ONEDNN_SAFE_U8_MAX)
+    monkeypatch.setattr(exactness, "onednn_u8_exact_max", lambda: exactness.ONEDNN_SAFE_U8_MAX)
     g = torch.Generator().manual_seed(4)
     packed = _packed_conv(2, 16, 16, 3, 1, 1, 1, 1, True, g)
     other = torch.randint(0, 256, (2, 16, 10, 10), dtype=torch.uint8, generator=g)
@@ -239,8 +241,8 @@ def test_linear_split_sparse_equals_dense(density, monkeypatch):
         scale = (torch.rand(n, dtype=torch.float64, generator=g) * 0.01 + 1e-4 if per_channel
                  else torch.tensor(0.002, dtype=torch.float64))
         zp = torch.zeros(n, dtype=torch.int64) if per_channel else torch.tensor(0)
-        packed = klinear.pack_linear_weight(w, scale, zp, 0 if per_channel else None,
-                                            torch.randn(n, generator=g))
+        packed = pack_linear_weight(w, scale, zp, 0 if per_channel else None,
+                                    torch.randn(n, generator=g))
         x = _input((rows, k), density, g)
         assert klinear._sparse_scale_order(packed, rows, 0.017) in sparse.SCALE_ORDERS
         if density == 0.5:

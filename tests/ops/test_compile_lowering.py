@@ -11,7 +11,7 @@ from torch._inductor.compile_fx import compile_fx
 import torchquant.quantization as tq
 import torchquant.nn.quantized as tqnnq
 from torchquant.kernels import conv as kconv
-from torchquant.kernels.linear import onednn_u8_exact_max, onednn_u8s8_exact
+from torchquant.kernels.onednn_exactness import onednn_u8_exact_max, onednn_u8s8_exact
 from torchquant import dtypes
 from torchquant.ops import _lanes, binary, compile_lowering
 

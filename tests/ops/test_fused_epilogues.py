@@ -29,9 +29,11 @@ import torchquant.nn.intrinsic as nni
 import torchquant.nn.intrinsic.quantized as nniq
 import torchquant.quantization as tqq
 from torchquant import kernels
-from torchquant.kernels import linear as klinear
+from torchquant.kernels import onednn_exactness as exactness
 from torchquant.kernels.conv import pack_conv_weight, quantized_conv
-from torchquant.kernels.linear import POST_OPS, PostOp, pack_linear_weight, quantized_linear
+from torchquant.kernels.linear import quantized_linear
+from torchquant.kernels.packed_linear import pack_linear_weight
+from torchquant.kernels.post_ops import POST_OPS, post_op_of
 from torchquant.ops import conv as ops_conv
 from torchquant.ops import linear as ops_linear
 from torchquant.qtensor import QTensor
@@ -241,7 +243,8 @@ def onednn_u8_limit(request, monkeypatch):
     """'split': oneDNN treated as saturating int16 pairs (what it does on AVX2 CPUs), so its
     kernels run inputs above 128 as two exact halves (x & 127, x >> 7) with float output."""
     if request.param == "split":
-        monkeypatch.setattr(klinear, "onednn_u8_exact_max", lambda: klinear.ONEDNN_SAFE_U8_MAX)
+        monkeypatch.setattr(exactness, "onednn_u8_exact_max",
+                            lambda: exactness.ONEDNN_SAFE_U8_MAX)
     return request.param
 
 
@@ -255,7 +258,7 @@ def test_linear_kernels_match_reference(post_op, rows, onednn_u8_limit):
     big[0, 0] = 255  # takes the split where oneDNN saturates
     other = torch.randint(0, 256, (rows, 48), dtype=torch.uint8)
     out_scale, out_zp = TANH_QPARAMS if post_op == "tanh" else (0.04, 100)
-    epilogue = klinear.post_op_of(post_op, NEGATIVE_SLOPE, other if post_op in ADDS else None,
+    epilogue = post_op_of(post_op, NEGATIVE_SLOPE, other if post_op in ADDS else None,
                                   OTHER_SCALE, OTHER_ZP, (rows, 48), "test")
     impls = kernels.implementations("quantized_linear")
     for x in (small, big):
@@ -302,7 +305,7 @@ def test_conv_kernels_match_reference(post_op, dims, onednn_u8_limit):
     kwargs = post_op_kwargs(post_op, other)
     out_scale, out_zp = TANH_QPARAMS if post_op == "tanh" else (0.05, 100)
     reference = kernels.implementations("quantized_conv")["reference"].fn
-    epilogue = klinear.post_op_of(post_op, NEGATIVE_SLOPE, kwargs.get("other"), OTHER_SCALE,
+    epilogue = post_op_of(post_op, NEGATIVE_SLOPE, kwargs.get("other"), OTHER_SCALE,
                                   OTHER_ZP, tuple(other.shape), "test")
     for x in (small, big, small):  # one cached plan serves all three
         got = quantized_conv(x, X_SCALE, X_ZP, packed, 1, 1, 1, 1, out_scale, out_zp, post_op,

@@ -3,11 +3,11 @@
 * ``onednn`` -- ``torch.ops.onednn.qconv_pointwise`` on a weight blocked once by
   ``qconv_prepack``: u8 activations with their zero point, s8 symmetric weights, per-channel
   requantization and the post-op fused where oneDNN can (ReLU; the adds of ConvAdd2d), else
-  applied to its float output (:func:`~.linear.quantize_post_op`).  It accepts NCHW or
+  applied to its float output (:func:`~.post_ops.quantize_post_op`).  It accepts NCHW or
   channels-last input and returns a tensor of the logical ``[N, C, *spatial]`` shape in
   channels-last memory format (what torch's x86 quantized conv returns too): feeding it to
   the next conv skips a layout conversion.  Where oneDNN saturates int16 pairs of products (no
-  VNNI / AMX, see ``linear.onednn_u8_exact_max``) inputs above 128 run as two exact halves
+  VNNI / AMX, see ``onednn_exactness.onednn_u8_exact_max``) inputs above 128 run as two exact halves
   (``x & 127`` and ``x >> 7``; the second scattered from its few nonzero positions where it
   is sparse, :mod:`.sparse_correction`) with float output, the post-op and one
   requantization, still returned channels-last.
@@ -33,10 +33,10 @@ from . import sparse_correction as _sparse
 from .registry import get, register
 from .. import affine
 from .. import dtypes as _dt
-from .linear import (_PLAN_CACHE_SIZE, DEFAULT_NEGATIVE_SLOPE, PostOp, Scalar,
-                     activation_qdtype, call_key,
-                     check_bias, check_weight_qparams, ONEDNN_SAFE_U8_MAX, onednn_u8s8_exact, onednn_usable,
-                     per_channel_view, post_op_of, quantize_post_op, validated_qparams)
+from .arguments import (PLAN_CACHE_SIZE, Scalar, activation_qdtype, call_key, check_bias,
+                        check_weight_qparams, per_channel_view, validated_qparams)
+from .onednn_exactness import ONEDNN_SAFE_U8_MAX, onednn_u8s8_exact, onednn_usable
+from .post_ops import DEFAULT_NEGATIVE_SLOPE, PostOp, post_op_of, quantize_post_op
 
 __all__ = ["PackedConvWeight", "pack_conv_weight", "quantized_conv", "quantized_conv_transpose"]
 
@@ -241,7 +241,7 @@ def quantized_conv(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: P
     output.
 
     ``x_int`` holds the uint8 (quint8) values of a per-tensor quantized ``[N, C, *spatial]``
-    input (NCHW or channels-last).  ``post_op`` (:class:`~.linear.PostOp`) is fused before the
+    input (NCHW or channels-last).  ``post_op`` (:class:`~.post_ops.PostOp`) is fused before the
     one requantization: ``relu``, ``leaky_relu`` (``negative_slope``), ``tanh``, or ``add`` /
     ``add_relu`` of ``other`` (integers of the output's shape quantized with ``other_scale`` /
     ``other_zero_point``: torch's ConvAdd2d / ConvAddReLU2d).
@@ -263,7 +263,7 @@ def quantized_conv(x_int: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: P
     x_scale, x_zp, out_scale, out_zp = _qparams(x_int, x_scale, x_zp, out_scale, out_zp)
     fn = get("quantized_conv", x_int, packed=packed)
     if key is not None and fn is _quantized_conv_onednn:
-        if len(packed.plans) >= _PLAN_CACHE_SIZE:
+        if len(packed.plans) >= PLAN_CACHE_SIZE:
             packed.plans.clear()
         plan = packed.plans[key] = _onednn_plan(x_int, x_scale, x_zp, packed, out_scale, out_zp,
                                                 epilogue, other)
@@ -419,7 +419,7 @@ def _onednn_plan_unit(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: Pa
     quint8 ``other``: what torch's ConvAdd2d / ConvAddReLU2d run).  3-d ReLU is a clamp at the
     output zero point after it (quantize() is monotone with quantize(0) == zero_point, so
     quantize(relu(y)) == max(quantize(y), zero_point)).  Other post-ops run on oneDNN's float
-    output, then one requantization (:func:`~.linear.quantize_post_op`)."""
+    output, then one requantization (:func:`~.post_ops.quantize_post_op`)."""
     zero_point = int(out_zp)
     geometry = (packed.stride, packed.padding, packed.dilation, packed.groups)
     head = (float(x_scale), int(x_zp), _sized_onednn_weight(packed, x, x_scale, x_zp),

@@ -4,9 +4,9 @@ Three things choose paths by CPU: oneDNN (its ISA, forced with ``ONEDNN_MAX_CPU_
 vector kernels (``ATEN_CPU_CAPABILITY``) and torchquant itself.  torchquant's choice is
 whether oneDNN's u8 x s8 int8 kernels are exact for every uint8 activation (VNNI / AMX:
 int32 accumulation) or saturate int16 pairs of products above 128 (AVX2, AVX-512 without
-VNNI); that one fact (``kernels.linear.onednn_u8_exact_max``, measured) picks the split of
-large activations into two exact halves, the sparse high half, and the small-M float32 GEMM of
-the dynamic Linear.  ``TORCHQUANT_CPU_ISA`` caps it, read once at import:
+VNNI); that one fact (``kernels.onednn_exactness.onednn_u8_exact_max``, measured) picks the
+split of large activations into two exact halves, the sparse high half, and the small-M float32
+GEMM of the dynamic Linear.  ``TORCHQUANT_CPU_ISA`` caps it, read once at import:
 
 * ``default`` (or unset): what the CPU measures;
 * ``avx512_vnni`` / ``amx``: the same (the exact int8 paths need VNNI; AMX adds nothing that

@@ -1,16 +1,17 @@
-"""Int8 Linear kernels: weight prepacking, static, dynamic and per-token dynamic matmuls.
+"""Int8 Linear kernels: static, dynamic and per-token dynamic matmuls.
 
-Weights are packed once into a :class:`PackedLinearWeight`; every call then picks a kernel
-through the registry:
+Weights are packed once into a :class:`~.packed_linear.PackedLinearWeight`; every call then
+picks a kernel through the registry:
 
 * ``onednn`` -- ``torch.ops.onednn.qlinear_pointwise`` on a oneDNN-blocked weight: u8 x s8 with
   the activation zero point, the requantization (or float output) and the static post-op
-  (:class:`PostOp`: relu, leaky_relu, tanh, add, add_relu) fused.  Fastest
+  (:class:`~.post_ops.PostOp`: relu, leaky_relu, tanh, add, add_relu) fused.  Fastest
   once there are a few rows; its fixed per-call cost loses at batch 1.  On CPUs without an
   int32-accumulating u8 x s8 instruction (AVX2 / AVX-512 without VNNI or AMX) oneDNN's
   ``vpmaddubsw`` saturates ``u8*s8 + u8*s8`` to int16 and the GEMM is wrong for activations
-  above 128; there (found once by :func:`onednn_u8_exact_max`) the kernel checks the input's
-  maximum and runs larger inputs as two exact halves (:func:`onednn_split_linear`).
+  above 128; there (found once by :func:`~.onednn_exactness.onednn_u8_exact_max`) the kernel
+  checks the input's maximum and runs larger inputs as two exact halves
+  (:func:`onednn_split_linear`).
 * ``int_mm`` -- ``torch._int_mm`` (s8 x s8 -> s32) on the plain weight plus one epilogue;
   uint8 activations are shifted to int8 (``x ^ 0x80 == x - 128``) and the shift is folded into
   a per-channel correction.  Wins at one or two rows; also the CUDA path.
@@ -19,32 +20,35 @@ through the registry:
 Fast kernels need symmetric weights (all weight zero points 0), which is what every torch
 qconfig produces; asymmetric weights run on the reference.  Static results agree with the
 reference within one output step (float rounding differs near ties).
+
+The pieces these kernels share with others have homes of their own: the CPU exactness probes
+in :mod:`.onednn_exactness` (read through that module at call time), the argument checks and
+call keys in :mod:`.arguments`, the post-op vocabulary and requantization in :mod:`.post_ops`,
+the packed weight in :mod:`.packed_linear`.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Optional, Union
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
 from .. import _config
-from . import cpu_compiled, cpu_isa, sparse_correction
+from . import cpu_compiled, onednn_exactness as _exactness, sparse_correction
+from .arguments import (PLAN_CACHE_SIZE, Scalar, activation_qdtype, call_key, output_qdtype,
+                        validated_qparams)
+from .packed_linear import PackedLinearWeight
+from .post_ops import (DEFAULT_NEGATIVE_SLOPE, post_op_of, quantize_float_result,
+                       quantize_post_op)
 from .reference import quantize_formula
 from .registry import get, mode, register
 from .. import affine
 from .. import dtypes as _dt
 
-__all__ = ["PackedLinearWeight", "pack_linear_weight", "quantized_linear", "dynamic_linear",
-           "per_token_dynamic_linear", "POST_OPS", "PostOp", "post_op_of", "quantize_post_op",
-           "onednn_available", "onednn_u8_exact_max", "onednn_u8s8_exact", "onednn_exact_for",
-           "onednn_usable"]
-
-Scalar = Union[float, int, torch.Tensor]
+__all__ = ["quantized_linear", "linear_plan", "dynamic_linear", "per_token_dynamic_linear",
+           "onednn_split_linear"]
 
 # Below this many rows ``_int_mm`` + epilogue is used instead of oneDNN.  On the AMX Xeon of
 # the benchmarks oneDNN wins from one row (1x768x3072: 48 us against _int_mm's 131 us; an AMD
@@ -55,299 +59,6 @@ _SIGN_BIT = torch.tensor(-128, dtype=torch.int8)  # x_u8 ^ 0x80 viewed as int8 =
 _EPILOGUE_CACHE_SIZE = 8
 
 
-@functools.cache
-def onednn_available() -> bool:
-    """Whether this torch build has oneDNN's quantized linear/conv ops on CPU (asked once: the
-    registry checks it on every call)."""
-    return (torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.onednn, "qlinear_pointwise")
-            and hasattr(torch.ops.onednn, "qconv_pointwise"))
-
-
-# --------------------------------------------------------------------------------------------
-# oneDNN's u8 x s8 exactness on this CPU
-# --------------------------------------------------------------------------------------------
-
-# Without VNNI / AMX, x86 u8 x s8 dot products use ``vpmaddubsw``, which adds the two products
-# ``u8 * s8 + u8 * s8`` with int16 saturation: 255 * 127 * 2 = 64770 does not fit.  With
-# activations <= 128 no pair can leave int16 (2 * 128 * -128 = -32768, 2 * 128 * 127 = 32512),
-# which is why torch's x86 / fbgemm qconfigs quantize activations to 0..127 (reduce_range).
-ONEDNN_SAFE_U8_MAX = 128
-_FULL_U8_MAX = 255
-
-
-def _onednn_linear_exact(x_value: int, w_value: int) -> bool:
-    k, n = 64, 16
-    w = torch.full((n, k), w_value, dtype=torch.int8)
-    ones, zeros = torch.ones(n), torch.zeros(n, dtype=torch.int64)
-    packed = torch.ops.onednn.qlinear_prepack(w, None)
-    for rows in (1, 8):  # oneDNN may pick a GEMV kernel for one row
-        x = torch.full((rows, k), x_value, dtype=torch.uint8)
-        y = torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, ones, zeros, None, 1.0, 0,
-                                               torch.float32, "none", [], "")
-        if not bool((y == float(x_value * w_value * k)).all()):
-            return False
-    return True
-
-
-def _onednn_conv_exact(x_value: int, w_value: int) -> bool:
-    for dims in (1, 2, 3):
-        for c_in, c_out, kernel, groups in ((8, 16, 3, 1), (8, 16, 1, 1), (8, 8, 3, 8)):
-            w = torch.full((c_out, c_in // groups) + (kernel,) * dims, w_value, dtype=torch.int8)
-            ones, zeros = torch.ones(c_out), torch.zeros(c_out, dtype=torch.int64)
-            one, zero = [1] * dims, [0] * dims
-            packed = torch.ops.onednn.qconv_prepack(w, ones, 1.0, 0, one, zero, one, groups, None)
-            x = torch.full((2, c_in) + (4,) * dims, x_value, dtype=torch.uint8)
-            y = torch.ops.onednn.qconv_pointwise(x, 1.0, 0, packed, ones, zeros, None, one, zero,
-                                                 one, groups, 1.0, 0, torch.float32, "none", [],
-                                                 "")
-            exact = x_value * w_value * (c_in // groups) * kernel ** dims
-            if not bool((y == float(exact)).all()):
-                return False
-    return True
-
-
-def onednn_u8_exact_max() -> int:
-    """The largest uint8 activation for which oneDNN's u8 x s8 linear and conv are exact here:
-    255 where they accumulate in int32 (VNNI, AMX), :data:`ONEDNN_SAFE_U8_MAX` (128) where
-    pairs of products saturate to int16 (AVX2, AVX-512 without VNNI), -1 where even that
-    fails or oneDNN is missing (then its kernels are never used).
-
-    Measured once, on inputs whose every pair of products sits at the edge (all 255 x 127,
-    then all 128 x -128), for one and several rows and for dense, 1x1 and depthwise 1-3d
-    convs; the answer is exact integers or not, so it does not depend on rounding.  At most
-    :data:`ONEDNN_SAFE_U8_MAX` where ``TORCHQUANT_CPU_ISA`` is ``avx2`` / ``avx512``
-    (:mod:`.cpu_isa`: the saturating CPUs' paths, forced on a newer one).
-    """
-    measured = _onednn_u8_exact_max_measured()
-    if measured > ONEDNN_SAFE_U8_MAX and cpu_isa.int8_pairs_forced_saturating():
-        return ONEDNN_SAFE_U8_MAX
-    return measured
-
-
-@functools.cache
-def _onednn_u8_exact_max_measured() -> int:
-    if not onednn_available():
-        return -1
-    from torch.utils._python_dispatch import _disable_current_modes
-    try:
-        # real tensors even when first asked during a trace (export's fake / proxy modes):
-        # the answer is cached for the process
-        with _disable_current_modes(), torch.no_grad():
-            if _onednn_linear_exact(255, 127) and _onednn_conv_exact(255, 127):
-                return _FULL_U8_MAX
-            if (_onednn_linear_exact(ONEDNN_SAFE_U8_MAX, -128)
-                    and _onednn_conv_exact(ONEDNN_SAFE_U8_MAX, -128)):
-                return ONEDNN_SAFE_U8_MAX
-    except RuntimeError:  # a build whose oneDNN ops exist but cannot run here
-        pass
-    return -1
-
-
-def onednn_u8s8_exact() -> bool:
-    """Whether oneDNN's u8 x s8 kernels are exact for every uint8 activation on this CPU."""
-    return onednn_u8_exact_max() == _FULL_U8_MAX
-
-
-def onednn_exact_for(x: torch.Tensor) -> bool:
-    """Whether oneDNN computes ``x``'s (uint8) GEMM / conv exactly on this CPU: always where it
-    accumulates in int32; elsewhere only when ``x.max() <= 128`` (one reduction per call, on
-    such CPUs only)."""
-    limit = onednn_u8_exact_max()
-    if limit >= _FULL_U8_MAX:
-        return True
-    if limit < 0:
-        return False
-    return x.numel() == 0 or int(x.max()) <= limit
-
-
-def onednn_usable() -> bool:
-    """oneDNN's ops exist and are exact at least on activations <= 128 (the registry's
-    ``available`` for the oneDNN kernels, and whether weights get a oneDNN copy)."""
-    return onednn_u8_exact_max() >= 0
-
-
-# --------------------------------------------------------------------------------------------
-# Argument helpers shared with conv.py
-# --------------------------------------------------------------------------------------------
-
-def as_float(value: Scalar, what: str) -> float:
-    """A positive finite scale as a Python float (0-d / 1-element tensors accepted)."""
-    v = float(value)
-    if not (math.isfinite(v) and v > 0):
-        raise ValueError(f"{what} must be positive and finite, got {v}")
-    return v
-
-
-def as_zero_point(value: Scalar, qdtype: _dt.QDType, what: str) -> int:
-    """An integer zero point inside ``qdtype``'s range as a Python int."""
-    v = float(value)
-    if v != int(v) or not qdtype.qmin <= v <= qdtype.qmax:
-        raise ValueError(f"{what} must be an integer in [{qdtype.qmin}, {qdtype.qmax}] for "
-                         f"{qdtype!r}, got {value}")
-    return int(v)
-
-
-def validated_qparams(x_scale: Scalar, x_zero_point: Scalar, x_qdtype: _dt.QDType,
-                      out_scale: Scalar, out_zero_point: Scalar,
-                      out_qdtype: _dt.QDType) -> tuple[Scalar, Scalar, Scalar, Scalar]:
-    """The per-tensor input and output qparams as checked Python numbers (converted once per
-    call).  Under tracing they pass through unchanged: the checks would be data-dependent."""
-    if torch.compiler.is_compiling():
-        return x_scale, x_zero_point, out_scale, out_zero_point
-    return (as_float(x_scale, "x_scale"), as_zero_point(x_zero_point, x_qdtype, "x_zero_point"),
-            as_float(out_scale, "out_scale"),
-            as_zero_point(out_zero_point, out_qdtype, "out_zero_point"))
-
-
-def activation_qdtype(x: torch.Tensor, op: str) -> _dt.QDType:
-    """quint8 for uint8 storage, qint8 for int8; anything else is not a quantized activation."""
-    if x.dtype == torch.uint8:
-        return _dt.quint8
-    if x.dtype == torch.int8:
-        return _dt.qint8
-    raise TypeError(f"{op}: expected the integer (uint8 / int8) values of a quantized input, "
-                    f"got dtype {x.dtype}")
-
-
-def output_qdtype(out_dtype: Any, op: str) -> _dt.QDType:
-    qdtype = _dt.to_qdtype(out_dtype)
-    if qdtype not in (_dt.quint8, _dt.qint8):
-        raise ValueError(f"{op}: out_dtype must be quint8 or qint8, got {qdtype!r}")
-    return qdtype
-
-
-def per_channel_view(scale: torch.Tensor, zero_point: torch.Tensor, channels: int,
-                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float32 scales, int64 zero points) with one entry per output channel."""
-    return (scale.to(device=device, dtype=torch.float32).reshape(-1).expand(channels).contiguous(),
-            zero_point.to(device=device, dtype=torch.int64).reshape(-1).expand(channels).contiguous())
-
-
-def check_weight_qparams(weight: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
-                         axis: Optional[int], op: str) -> None:
-    """Per-tensor (0-d / 1-element) or per-channel qparams, valid for qint8."""
-    if weight.dtype != torch.int8:
-        raise TypeError(f"{op}: weight must be an int8 tensor (qint8 values), got {weight.dtype}")
-    expected = 1 if axis is None else weight.size(axis)
-    if scale.numel() != expected or zero_point.numel() != expected:
-        kind = "per-tensor" if axis is None else f"per-channel (axis {axis})"
-        raise ValueError(f"{op}: {kind} weight needs {expected} scale(s) and zero point(s), got "
-                         f"{scale.numel()} and {zero_point.numel()}")
-    affine.check_scale(scale, "weight scale")
-    affine.check_zero_point(zero_point, _dt.qint8, "weight zero_point")
-
-
-def check_bias(bias: Optional[torch.Tensor], channels: int, op: str) -> Optional[torch.Tensor]:
-    """None, or a float32 vector with one entry per output channel."""
-    if bias is None:
-        return None
-    if not isinstance(bias, torch.Tensor) or not bias.dtype.is_floating_point:
-        raise TypeError(f"{op}: bias must be a float tensor or None, got "
-                        f"{getattr(bias, 'dtype', type(bias).__name__)}")
-    if bias.shape != (channels,):
-        raise ValueError(f"{op}: bias must have shape ({channels},), got {tuple(bias.shape)}")
-    return bias.detach().to(torch.float32).contiguous()
-
-
-# --------------------------------------------------------------------------------------------
-# Packed weight
-# --------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True, eq=False)
-class PackedLinearWeight:
-    """An int8 Linear weight with everything the kernels need, computed once.
-
-    ``weight`` is the plain int8 ``[out, in]`` tensor (``weight.t()`` is ``_int_mm``'s operand,
-    no copy) with ``weight_scale`` / ``weight_zero_point`` as given (0-d per tensor, 1-d per
-    channel along ``axis`` 0).  Derived: per-channel float32 scales and int64 zero points,
-    the per-channel weight sums (``_int_mm``'s activation zero-point correction) and the
-    oneDNN-blocked copy.  ``requant_epilogues`` caches the static ``_int_mm`` epilogue per
-    (input, output) qparams, which a calibrated model never changes.  Pickling / deepcopy
-    repack from the plain fields (oneDNN tensors have no storage to copy).
-    """
-
-    weight: torch.Tensor
-    weight_scale: torch.Tensor
-    weight_zero_point: torch.Tensor
-    axis: Optional[int]
-    bias: Optional[torch.Tensor]
-    channel_scale: torch.Tensor
-    channel_zero_point: torch.Tensor
-    weight_sum: torch.Tensor
-    symmetric: bool
-    onednn_weight: Optional[torch.Tensor]
-    requant_epilogues: dict = field(default_factory=dict, repr=False)
-    # The eager modules' per-call cache (nn.quantized Linear: call key -> linear_plan's plan
-    # and the output qparams), dropped with this pack when the weight changes.
-    eager_calls: dict = field(default_factory=dict, repr=False)
-    # :func:`quantized_linear`'s checked, bound calls (call_key -> linear_plan's plan).
-    plans: dict = field(default_factory=dict, repr=False)
-
-    @property
-    def in_features(self) -> int:
-        return self.weight.size(1)
-
-    @property
-    def out_features(self) -> int:
-        return self.weight.size(0)
-
-    def dequantized_weight(self) -> torch.Tensor:
-        operands = affine.dequantize_operands(self.weight, self.weight_scale,
-                                              self.weight_zero_point, self.axis)
-        return get("dequantize", self.weight, per_channel=self.axis is not None)(*operands)
-
-    def to(self, device: Union[str, torch.device]) -> "PackedLinearWeight":
-        """The same weight packed for ``device``."""
-        return pack_linear_weight(self.weight.to(device), self.weight_scale, self.weight_zero_point,
-                                  self.axis, None if self.bias is None else self.bias.to(device))
-
-    def __reduce__(self):
-        return (pack_linear_weight, (self.weight, self.weight_scale, self.weight_zero_point,
-                                     self.axis, self.bias))
-
-
-def pack_linear_weight(weight: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
-                       axis: Optional[int] = None,
-                       bias: Optional[torch.Tensor] = None) -> PackedLinearWeight:
-    """Pack int8 weights ``[out, in]`` with per-tensor (``axis=None``) or per-channel
-    (``axis=0``) qparams and an optional float bias."""
-    op = "pack_linear_weight"
-    if not isinstance(weight, torch.Tensor) or type(weight) is not torch.Tensor:
-        raise TypeError(f"{op}: weight must be a plain int8 tensor (QTensor: pass .int_data), "
-                        f"got {type(weight).__name__}")
-    if weight.dim() != 2:
-        raise ValueError(f"{op}: weight must be 2-D [out_features, in_features], got shape "
-                         f"{tuple(weight.shape)}")
-    if axis not in (None, 0):
-        raise ValueError(f"{op}: per-channel weights must be quantized along axis 0, got {axis}")
-    scale, zero_point = torch.as_tensor(scale), torch.as_tensor(zero_point)
-    check_weight_qparams(weight, scale, zero_point, axis, op)
-    weight = weight.detach().contiguous()
-    n = weight.size(0)
-    bias = check_bias(bias, n, op)
-    if bias is not None:
-        bias = bias.to(weight.device)
-    channel_scale, channel_zp = per_channel_view(scale, zero_point, n, weight.device)
-    symmetric = not bool(channel_zp.any())
-    onednn_weight = None
-    if symmetric and weight.device.type == "cpu" and onednn_usable() and weight.numel():
-        onednn_weight = torch.ops.onednn.qlinear_prepack(weight, None)
-    return PackedLinearWeight(weight, scale, zero_point, axis, bias, channel_scale, channel_zp,
-                              weight.sum(1, dtype=torch.int32), symmetric, onednn_weight)
-
-
-def quantize_float_result(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
-                          qmin: int, qmax: int, storage_dtype: torch.dtype,
-                          axis: Optional[int] = None, mode: str = affine.FMA) -> torch.Tensor:
-    """:func:`torchquant.affine.quantize_int` on the registered quantize kernel for this call
-    (one fused pass where it applies): how the composite kernels here and in :mod:`.conv`
-    quantize their float intermediates."""
-    x32, inv, zp, mode = affine.quantize_operands(x, scale, zero_point, axis, mode)
-    fn = get("quantize", x, mode=mode, per_channel=axis is not None)
-    return fn(x32, inv, zp, qmin, qmax, storage_dtype, mode)
-
-
 def _as_signed(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """int8 values for ``_int_mm`` and the shift subtracted from them (128 for uint8)."""
     if x.dtype == torch.uint8:
@@ -355,27 +66,8 @@ def _as_signed(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     return x, 0
 
 
-@functools.cache
-def int_mm_exact_on_cpu() -> bool:
-    """Whether ``torch._int_mm`` is exact on this CPU for all int8 operands.  ATen runs it on
-    oneDNN where it sees AVX-512 VNNI, else on its own loop; oneDNN held below VNNI
-    (``ONEDNN_MAX_CPU_ISA=AVX2`` on a VNNI CPU) then computes s8 x s8 as (s8 + 128) x s8 with
-    saturating int16 pairs.  Measured once on edge values, as :func:`onednn_u8_exact_max`."""
-    k = 64
-    try:
-        with torch.no_grad():
-            for x_value, w_value in ((127, 127), (127, -128), (-128, -128)):
-                x = torch.full((32, k), x_value, dtype=torch.int8)
-                w = torch.full((k, 16), w_value, dtype=torch.int8)
-                if not bool((torch._int_mm(x, w) == x_value * w_value * k).all()):
-                    return False
-    except RuntimeError:
-        return False
-    return True
-
-
 def _int_mm_available() -> bool:
-    return torch.cuda.is_available() or int_mm_exact_on_cpu()
+    return torch.cuda.is_available() or _exactness.int_mm_exact_on_cpu()
 
 
 def _int_mm_applies(x: torch.Tensor, packed: PackedLinearWeight, **_: Any) -> bool:
@@ -383,7 +75,7 @@ def _int_mm_applies(x: torch.Tensor, packed: PackedLinearWeight, **_: Any) -> bo
         return False
     if x.device.type == "cuda":  # cuBLASLt's int8 GEMM constraints
         return x.size(0) > 16 and x.size(1) % 8 == 0 and packed.out_features % 8 == 0
-    return x.size(0) > 0 and int_mm_exact_on_cpu()
+    return x.size(0) > 0 and _exactness.int_mm_exact_on_cpu()
 
 
 def _onednn_applies(x: torch.Tensor, packed: PackedLinearWeight, **_: Any) -> bool:
@@ -392,138 +84,8 @@ def _onednn_applies(x: torch.Tensor, packed: PackedLinearWeight, **_: Any) -> bo
 
 
 # --------------------------------------------------------------------------------------------
-# Fused epilogues of the static linear / conv kernels
-# --------------------------------------------------------------------------------------------
-
-POST_OPS = ("none", "relu", "leaky_relu", "tanh", "add", "add_relu")
-_ADDS = ("add", "add_relu")
-DEFAULT_NEGATIVE_SLOPE = 0.01  # torch.nn.LeakyReLU's
-
-
-class PostOp(NamedTuple):
-    """What a static linear / conv does to its float result ``y = op(x_hat, w_hat, bias)``
-    before its one requantization (torch's fused modules LinearReLU, LinearLeakyReLU,
-    LinearTanh, ConvReLU1d-3d, ConvAdd2d, ConvAddReLU2d):
-
-    ``none`` y, ``relu`` relu(y), ``leaky_relu`` leaky_relu(y, negative_slope), ``tanh``
-    tanh(y), ``add`` y + other_hat, ``add_relu`` relu(y + other_hat), where other_hat is the
-    dequantized second operand (``other_scale``, ``other_zero_point``), of the output's shape.
-
-    A tuple of numbers, so plan and epilogue caches can key on it; the operand itself changes
-    every call and travels beside it.
-    """
-
-    name: str = "none"
-    negative_slope: float = DEFAULT_NEGATIVE_SLOPE
-    other_scale: float = 1.0
-    other_zero_point: int = 0
-
-    @property
-    def adds(self) -> bool:
-        return self.name in _ADDS
-
-    @property
-    def relu(self) -> bool:
-        """ReLU last (``relu``, ``add_relu``): a clamp at the output zero point."""
-        return self.name == "relu" or self.name == "add_relu"
-
-
-_PLAIN_POST_OPS = {name: PostOp(name) for name in ("none", "relu", "tanh")}
-
-
-def post_op_of(name: str, negative_slope: float, other: Optional[torch.Tensor],
-               other_scale: Scalar, other_zero_point: Scalar, out_shape: tuple,
-               op: str) -> PostOp:
-    """The checked :class:`PostOp` of a call whose result has shape ``out_shape``; ``other``
-    (the integers of a per-tensor quantized tensor of that shape) only for the adds."""
-    plain = _PLAIN_POST_OPS.get(name)
-    if plain is not None and other is None:
-        return plain
-    if name not in POST_OPS:
-        raise ValueError(f"{op}: post_op must be one of {POST_OPS}, got {name!r}")
-    if name not in _ADDS:
-        if other is not None:
-            raise ValueError(f"{op}: post_op={name!r} takes no second operand (other is only "
-                             "for 'add' / 'add_relu')")
-        slope = float(negative_slope)
-        if not math.isfinite(slope):
-            raise ValueError(f"{op}: negative_slope must be finite, got {slope}")
-        return PostOp(name, slope)
-    if not isinstance(other, torch.Tensor):
-        raise TypeError(f"{op}: post_op={name!r} needs the integers of the added tensor as "
-                        f"`other`, got {type(other).__name__}")
-    other_qdtype = activation_qdtype(other, op)
-    if tuple(other.shape) != tuple(out_shape):
-        raise ValueError(f"{op}: the added tensor must have the output's shape "
-                         f"{tuple(out_shape)}, got {tuple(other.shape)}")
-    return PostOp(name, DEFAULT_NEGATIVE_SLOPE, as_float(other_scale, "other_scale"),
-                  as_zero_point(other_zero_point, other_qdtype, "other_zero_point"))
-
-
-def apply_post_op_(y: torch.Tensor, post_op: PostOp,
-                   other: Optional[torch.Tensor]) -> torch.Tensor:
-    """The epilogue on a float32 result, in place (``y`` is the kernel's own temporary)."""
-    name = post_op.name
-    if name == "none":
-        return y
-    if post_op.adds:
-        y = y.add_(affine.dequantize_per_tensor_int(other, post_op.other_scale,
-                                                    post_op.other_zero_point))
-    if post_op.relu:
-        return y.relu_()
-    if name == "leaky_relu":
-        return F.leaky_relu_(y, post_op.negative_slope)
-    if name == "tanh":
-        return y.tanh_()
-    return y
-
-
-def quantize_post_op(y: torch.Tensor, post_op: PostOp, other: Optional[torch.Tensor],
-                     out_scale: Scalar, out_zero_point: Scalar,
-                     out_qdtype: _dt.QDType) -> torch.Tensor:
-    """``quantize(post_op(y))``: the epilogue and the requantization of a float result (the
-    reference kernels, and the fast ones where they cannot fuse the post-op)."""
-    y = apply_post_op_(y, post_op, other)
-    scale, zero_point = affine.per_tensor_qparams(float(out_scale), int(out_zero_point), y.device)
-    mode = affine.quantize_mode(out_qdtype, per_channel=False)
-    if (mode == affine.FMA and out_qdtype.bits == 8 and y.dtype == torch.float32
-            and 1.0 / float(out_scale) < _FINITE_INV_SCALE_LIMIT):
-        # y is finite by construction (integer accumulators times finite scales, a finite
-        # bias, post-ops of finite values) and so is 1 / out_scale: the general formula's NaN
-        # mask is a no-op, and the finite form is the same integers in fewer passes.
-        _, inv, zp, _ = affine.quantize_operands(y, scale, zero_point, None, mode)
-        return get("quantize_finite", y)(y, inv, zp, out_qdtype.qmin, out_qdtype.qmax,
-                                         out_qdtype.storage_dtype)
-    return quantize_float_result(y, scale, zero_point, out_qdtype.qmin, out_qdtype.qmax,
-                                 out_qdtype.storage_dtype, None, mode)
-
-
-# 1 / out_scale below this (float32's largest finite value) keeps x * inv free of inf * 0.
-_FINITE_INV_SCALE_LIMIT = 3.0e38
-
-
-# --------------------------------------------------------------------------------------------
 # Static: quantized activations in, requantized activations out
 # --------------------------------------------------------------------------------------------
-
-def call_key(x: torch.Tensor, *call: Any) -> Optional[tuple]:
-    """A hashable description of a kernel call on ``x`` (its shape, strides, dtype, device,
-    the kernel mode and CPU cap, and the call's other arguments) under which a checked, bound
-    plan may be kept; None where calls are not cached (tracing, tensor qparams, lists)."""
-    if torch.compiler.is_compiling():
-        return None
-    key = (tuple(x.shape), x.stride(), x.dtype, x.device, mode(), cpu_isa.cpu_isa_cap(), *call)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    if any(isinstance(v, torch.Tensor) for v in call):
-        return None
-    return key
-
-
-_PLAN_CACHE_SIZE = 16
-
 
 def quantized_linear(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
                      packed: PackedLinearWeight, out_scale: Scalar, out_zero_point: Scalar,
@@ -548,7 +110,7 @@ def quantized_linear(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
     if key is not None:
         plan = linear_plan(x_int, x_scale, x_zero_point, packed, out_scale, out_zero_point,
                            out_dtype, post_op, negative_slope)
-        if len(packed.plans) >= _PLAN_CACHE_SIZE:
+        if len(packed.plans) >= PLAN_CACHE_SIZE:
             packed.plans.clear()
         packed.plans[key] = plan
         return plan(x_int)
@@ -582,7 +144,7 @@ def linear_plan(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
     """:func:`quantized_linear` (no added ``other``) for inputs of ``x_int``'s shape, dtype and
     device, with its checks done and its kernel chosen once: ``plan(x) == quantized_linear(x,
     x_scale, ...)`` for such ``x``.  The oneDNN kernel's call is bound; whether it is exact for
-    ``x`` (:func:`onednn_exact_for`) is still asked per call."""
+    ``x`` (:func:`~.onednn_exactness.onednn_exact_for`) is still asked per call."""
     op = "quantized_linear"
     x_qdtype = activation_qdtype(x_int, op)
     out_qdtype = output_qdtype(out_dtype, op)
@@ -609,7 +171,7 @@ def linear_plan(x_int: torch.Tensor, x_scale: Scalar, x_zero_point: Scalar,
         qlinear = torch.ops.onednn.qlinear_pointwise.default
 
         def run(x2d: torch.Tensor) -> torch.Tensor:  # _quantized_linear_onednn, bound
-            if onednn_exact_for(x2d):
+            if _exactness.onednn_exact_for(x2d):
                 return qlinear(x2d, *bound)
             return fn(x2d, *args)
     if x_int.dim() == 2:
@@ -715,13 +277,13 @@ def onednn_split_linear(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar,
 
 @register("quantized_linear", "onednn", devices=("cpu",),
           applies=lambda x, packed, out_qdtype, **_: _onednn_applies(x, packed)
-          and out_qdtype == _dt.quint8, available=onednn_usable)
+          and out_qdtype == _dt.quint8, available=_exactness.onednn_usable)
 def _quantized_linear_onednn(x, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, post_op,
                              other):
     """oneDNN's fused post-ops: eltwise relu / leaky_relu / tanh (torch's LinearReLU,
     LinearLeakyReLU and LinearTanh run these very kernels, so the results are torch's), and the
     adds as its in-place ``sum`` into a copy of the added (quint8) tensor."""
-    if not onednn_exact_for(x):  # would saturate on this CPU: two exact halves, float sum
+    if not _exactness.onednn_exact_for(x):  # would saturate on this CPU: two exact halves
         y = onednn_split_linear(x, x_scale, x_zp, packed)
         return quantize_post_op(y, post_op, other, out_scale, out_zp, out_qdtype)
     if post_op.adds:
@@ -867,11 +429,12 @@ def fbgemm_dynamic_epilogue(acc: torch.Tensor, x_scale: Scalar, packed: PackedLi
 
 
 @register("dynamic_linear", "onednn", devices=("cpu",),
-          applies=lambda x, packed, **_: _onednn_applies(x, packed), available=onednn_usable)
+          applies=lambda x, packed, **_: _onednn_applies(x, packed),
+          available=_exactness.onednn_usable)
 def _dynamic_linear_onednn(x_q, x_scale, x_zp, packed, relu):
     # the accumulator through oneDNN at unit scales, then torch.ao's epilogue
     ones, zeros, _, unit_pack = _unit_epilogue_operands(packed)
-    if not onednn_exact_for(x_q):  # would saturate on this CPU (reduce_range=False activations)
+    if not _exactness.onednn_exact_for(x_q):  # saturates here (reduce_range=False activations)
         # two exact halves at unit scales: integer floats, their sum exact below 2**24
         acc = onednn_split_linear(x_q, 1.0, x_zp, unit_pack, with_bias=False)
         return fbgemm_dynamic_epilogue(acc, x_scale, packed, relu)
@@ -976,7 +539,8 @@ def _per_token_fast(x2d: torch.Tensor, packed: PackedLinearWeight,
     None sends the caller down the general path.
 
     The shifted rows span 1..255: on CPUs where oneDNN saturates int16 pairs above 128
-    (:func:`onednn_u8_exact_max` < 255) they go through :func:`onednn_split_linear`."""
+    (:func:`~.onednn_exactness.onednn_u8_exact_max` < 255) they go through
+    :func:`onednn_split_linear`."""
     if (mode() == "reference" or torch.compiler.is_compiling() or x2d.device.type != "cpu"
             or packed.onednn_weight is None or x2d.size(0) < ONEDNN_MIN_ROWS):
         return None
@@ -992,7 +556,7 @@ def _per_token_fast(x2d: torch.Tensor, packed: PackedLinearWeight,
         cpu_compiled.note_eager_seconds(time.perf_counter() - start)
     if not bool(torch.isfinite(scale).all()):
         raise ValueError("per_token_dynamic_linear: input contains NaN or Inf")
-    if onednn_u8s8_exact():
+    if _exactness.onednn_u8s8_exact():
         y = torch.ops.onednn.qlinear_pointwise(
             x_u8, 1.0, _UINT8_TO_INT8_SHIFT, packed.onednn_weight, packed.channel_scale,
             packed.channel_zero_point, None, 1.0, 0, torch.float32, "none", [], "")

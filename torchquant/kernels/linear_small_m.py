@@ -19,9 +19,9 @@ bit for bit where oneDNN's float epilogue (multiply, then add) rounds an ulp apa
 Cost: a float32 copy of the weight, 4x the int8 bytes (built on first use, kept beside the
 pack; two layouts if both one-row and multi-row calls happen: up to 8x).  So it is used only
 where it pays: a few rows, and CPUs where oneDNN's int8 GEMM is not exact for all uint8 inputs
-(:func:`~torchquant.kernels.linear.onednn_u8s8_exact` false -- with VNNI / AMX oneDNN's int8
-GEMM is the faster one).  :func:`dynamic_linear_codes_reference` is the integer reference
-(``torch._int_mm``-free int64 matmul) the tests compare against.
+(:func:`~torchquant.kernels.onednn_exactness.onednn_u8s8_exact` false -- with VNNI / AMX
+oneDNN's int8 GEMM is the faster one).  :func:`dynamic_linear_codes_reference` is the integer
+reference (``torch._int_mm``-free int64 matmul) the tests compare against.
 """
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ import torch
 
 from .. import _config
 from ..affine import round_to_float32
-from .linear import PackedLinearWeight, onednn_exact_for, onednn_u8s8_exact
+from .onednn_exactness import onednn_exact_for, onednn_u8s8_exact
+from .packed_linear import PackedLinearWeight
 from .registry import mode
 
 __all__ = ["SMALL_M_MAX_ROWS", "exact_float_gemm_applies", "quantized_codes",

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from .linear import PackedLinearWeight, dynamic_linear
+from .linear import dynamic_linear
+from .packed_linear import PackedLinearWeight
 from .registry import register
 
 __all__ = ["lstm_sequence_reference", "gru_sequence_reference"]

@@ -33,7 +33,7 @@ import torch
 from .. import _config, affine
 from .. import dtypes as _dt
 from ..kernels import conv as _kconv
-from ..kernels.linear import onednn_u8_exact_max, onednn_u8s8_exact
+from ..kernels.onednn_exactness import onednn_u8_exact_max, onednn_u8s8_exact
 from ..kernels.reference import add_formula, quantize_formula
 from . import _lanes
 from ._library import weight_qparams

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..kernels import conv as _k
 from ..kernels.conv import PackedConvWeight, pack_conv_weight
-from ..kernels.linear import DEFAULT_NEGATIVE_SLOPE, POST_OPS
+from ..kernels.post_ops import DEFAULT_NEGATIVE_SLOPE, POST_OPS
 from . import compile_lowering
 from ._library import PackCache, traced, weight_qparams
 

@@ -16,8 +16,9 @@ import torch
 
 from .. import dtypes as _dt
 from ..kernels import linear as _k
-from ..kernels.linear import (DEFAULT_NEGATIVE_SLOPE, POST_OPS, PackedLinearWeight,
-                              pack_linear_weight)
+from ..kernels import onednn_exactness as _exactness
+from ..kernels.packed_linear import PackedLinearWeight, pack_linear_weight
+from ..kernels.post_ops import DEFAULT_NEGATIVE_SLOPE, POST_OPS
 from ._library import PackCache, traced, weight_qparams
 
 __all__ = ["linear", "linear_dynamic", "linear_per_token_dynamic", "pack_linear",
@@ -27,7 +28,7 @@ __all__ = ["linear", "linear_dynamic", "linear_per_token_dynamic", "pack_linear"
 def onednn_u8s8_exact() -> bool:
     """Whether oneDNN's uint8 x int8 products are exact on this CPU (VNNI / AMX; not AVX2,
     whose kernels saturate pairs): decides which compiled lowering a model takes."""
-    return _k.onednn_u8s8_exact()
+    return _exactness.onednn_u8s8_exact()
 
 
 def pack_linear(weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -35,7 +36,7 @@ def pack_linear(weight: torch.Tensor, weight_scale: torch.Tensor,
     """The packed form of an int8 ``[out, in]`` weight: per tensor for 0-d qparams, per output
     channel (axis 0) for 1-d ones."""
     axis = None if weight_scale.dim() == 0 else 0
-    return _k.pack_linear_weight(weight, weight_scale, weight_zero_point, axis, bias)
+    return pack_linear_weight(weight, weight_scale, weight_zero_point, axis, bias)
 
 
 _PACKS = PackCache(pack_linear)

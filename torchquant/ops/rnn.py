@@ -43,7 +43,7 @@ from .. import affine
 from .. import kernels as _kernels
 from ..kernels import linear as _klinear
 from ..kernels import linear_small_m as _small_m
-from ..kernels.linear import PackedLinearWeight
+from ..kernels.packed_linear import PackedLinearWeight
 from ._library import weight_qparams
 from .linear import packed_linear_weight
 from .linear_fp16 import PackedLinearFp16Weight, packed_linear_fp16_weight

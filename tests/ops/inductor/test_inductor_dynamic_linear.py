@@ -13,7 +13,7 @@ import torch.nn as nn
 from torch._inductor.utils import run_and_get_code
 
 import torchquant
-import torchquant.kernels.linear as klinear
+import torchquant.kernels.onednn_exactness as exactness
 from torchquant.ops.quantize_dynamic import quantize_dynamic_per_tensor
 from torchquant.quantization.quantize_pt2e import convert_pt2e, prepare_pt2e
 from torchquant.quantization.quantizer.x86_inductor_quantizer import (
@@ -76,7 +76,7 @@ def dynamic_converted():
     return convert_pt2e(prepared)
 
 
-@pytest.mark.skipif(not klinear.onednn_u8s8_exact(), reason="oneDNN u8 x s8 inexact here")
+@pytest.mark.skipif(not exactness.onednn_u8s8_exact(), reason="oneDNN u8 x s8 inexact here")
 @pytest.mark.parametrize("how", ["tutorial", "torchquant.compile"])
 def test_dynamic_linears_become_onednn_calls(dynamic_converted, how):
     x = torch.randn(3, 5, 16) * 2
@@ -112,7 +112,7 @@ class _GeluMLP(nn.Module):
         return self.down(torch.nn.functional.gelu(self.up(x)))
 
 
-@pytest.mark.skipif(not klinear.onednn_u8s8_exact(), reason="oneDNN u8 x s8 inexact here")
+@pytest.mark.skipif(not exactness.onednn_u8s8_exact(), reason="oneDNN u8 x s8 inexact here")
 def test_gelu_after_a_dynamic_linear_is_onednns_post_op():
     """The exact GELU after a dynamic linear (in the form inductor's decomposition gives it)
     becomes the int8 call's post-op, as torchao's flow makes it: one pass over the activation

@@ -12,7 +12,7 @@ import torch.nn as nn
 from torch._inductor.utils import run_and_get_code
 
 import torchquant
-import torchquant.kernels.linear as klinear
+import torchquant.kernels.onednn_exactness as exactness
 from torchquant.kernels import native
 from torchquant.quantization.quantize_pt2e import convert_pt2e, prepare_pt2e
 from torchquant.quantization.quantizer.x86_inductor_quantizer import (
@@ -77,7 +77,7 @@ def onednn_convs(monkeypatch):
     monkeypatch.setattr(native, "conv_preferred", lambda *args: False)
 
 
-@pytest.mark.skipif(not klinear.onednn_u8s8_exact(), reason="oneDNN u8 x s8 inexact here")
+@pytest.mark.skipif(not exactness.onednn_u8s8_exact(), reason="oneDNN u8 x s8 inexact here")
 def test_tutorial_flow_fuses_into_onednn_with_eager_integers(converted, onednn_convs):
     x = torch.randn(3, 3, 8, 8)
     with torch.no_grad():
@@ -204,7 +204,7 @@ def test_symbolic_batch_convs_choose_per_call_without_amx(converted):
 def test_saturating_cpu_keeps_the_float_conv(converted, monkeypatch):
     """Where oneDNN's u8 x s8 products saturate (AVX2 without VNNI) the pass leaves the graph's
     float conv on dequantized values (what the eager model computes); still no Python op."""
-    monkeypatch.setattr(klinear, "onednn_u8s8_exact", lambda: False)
+    monkeypatch.setattr(exactness, "onednn_u8s8_exact", lambda: False)
     x = torch.randn(3, 3, 8, 8)
     with torch.no_grad():
         reference = converted(x)
@@ -217,7 +217,7 @@ def test_saturating_cpu_keeps_the_float_conv(converted, monkeypatch):
     torch.testing.assert_close(logits, reference[1], rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.skipif(not klinear.onednn_u8s8_exact(), reason="oneDNN u8 x s8 inexact here")
+@pytest.mark.skipif(not exactness.onednn_u8s8_exact(), reason="oneDNN u8 x s8 inexact here")
 def test_torchquant_compile_fuses_fx_and_eager_converted_convs(onednn_convs):
     """An FX-converted (and so an eager-converted: the same torchquant::conv modules) model under
     torchquant.compile takes the frozen compile too: its convs, whose weights freezing makes
@@ -352,7 +352,7 @@ def test_trimmed_padding_taps_give_the_same_accumulator():
     assert w2.shape == (8, 8, 1, 1) and padding == [0, 0]
 
 
-@pytest.mark.skipif(not klinear.onednn_u8s8_exact(), reason="oneDNN u8 x s8 inexact here")
+@pytest.mark.skipif(not exactness.onednn_u8s8_exact(), reason="oneDNN u8 x s8 inexact here")
 @pytest.mark.parametrize("native_convs", [False, True])
 def test_convs_over_one_pixel_images_run_their_centre_tap(native_convs, monkeypatch):
     """A 3x3 conv over the 1x1 images a ResNet's last stage sees on small inputs compiles to a

@@ -205,7 +205,7 @@ _PACKS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
 def pack(packed: Any) -> Any:
-    """The fbgemm pack of a :class:`~torchquant.kernels.linear.PackedLinearWeight`, made once
+    """The fbgemm pack of a :class:`~torchquant.kernels.packed_linear.PackedLinearWeight`, made once
     per instruction set and dropped with it."""
     per_isa = _PACKS.get(packed)
     if per_isa is None:

@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 
 from ... import _config
-from ...kernels import linear as _klinear
+from ...kernels import onednn_exactness as _exactness
 from ...kernels import native as _native
 from . import exact_decompositions, packaging_state
 
@@ -43,7 +43,7 @@ def uuid() -> str:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():
-        exact = _klinear.onednn_u8s8_exact()
+        exact = _exactness.onednn_u8s8_exact()
     cpu = (f"onednn_exact={exact};{_config.cache_key_environment()};"
            f"packaging={exact_decompositions.is_packaging()};"
            f"native_allowed={packaging_state.native_allowed()};native={_native.describe()};"

@@ -42,7 +42,7 @@ import torch
 from ... import affine
 from ... import dtypes as _dt
 from ...kernels import elementwise as _kelementwise
-from ...kernels import linear as _klinear
+from ...kernels import onednn_exactness as _exactness
 from ...kernels.reference import add_formula
 from .._library import traced
 from . import fusion, packaging_state
@@ -95,15 +95,15 @@ def _inductor_tables() -> tuple[dict, ...]:
 def onednn_int8_exact() -> bool:
     """Whether oneDNN's u8 x s8 products are exact on this CPU (VNNI / AMX): where they are
     not, the int8 conv / Linear rewrites do not apply (the package check says so)."""
-    return _klinear.onednn_u8s8_exact()
+    return _exactness.onednn_u8s8_exact()
 
 
 def _int_mm_exact() -> bool:
-    """:func:`torchquant.kernels.linear.int_mm_exact_on_cpu`, measured on real tensors (the
-    decompositions run while inductor traces with fake ones)."""
+    """:func:`torchquant.kernels.onednn_exactness.int_mm_exact_on_cpu`, measured on real
+    tensors (the decompositions run while inductor traces with fake ones)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     with unset_fake_temporarily():
-        return _klinear.int_mm_exact_on_cpu()
+        return _exactness.int_mm_exact_on_cpu()
 
 
 def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

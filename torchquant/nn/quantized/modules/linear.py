@@ -1,6 +1,6 @@
 """Quantized ``Linear`` (static: quantized input, quantized output) and its packed weights.
 
-The weight is packed once (:func:`torchquant.kernels.linear.pack_linear_weight`) whenever it
+The weight is packed once (:func:`torchquant.kernels.packed_linear.pack_linear_weight`) whenever it
 is set -- ``from_float``, ``set_weight_bias`` or ``load_state_dict`` -- never per call.
 ``LinearPackedParams`` holds it and serializes it as torch does, under
 ``_packed_params._packed_params`` as a ``(weight, bias)`` tuple (our QTensor and a float
