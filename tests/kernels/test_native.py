@@ -181,6 +181,26 @@ def test_rnn_module_matches_torch_ao(mode, bidirectional, isa, hidden):
     assert all(torch.equal(a, b) for a, b in finals)
 
 
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rnn_cells_split_across_threads_match_torch_ao(mode, threads):
+    """A step with at least 2048 hidden values (batch 9 x 256 here) runs its cells split by
+    batch rows across ATen's threads (an uneven split at 2 threads): torch.ao's numbers."""
+    import torch.ao.quantization as aoq
+    torch.manual_seed(3)
+    float_rnn = getattr(nn, mode)(48, 256, 1).eval()
+    x = torch.randn(4, 9, 48) * 2
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ours = tq.quantize_dynamic(_Wrap(copy.deepcopy(float_rnn)), {nn.LSTM, nn.GRU})
+        theirs = aoq.quantize_dynamic(_Wrap(copy.deepcopy(float_rnn)), {nn.LSTM, nn.GRU})
+        got, want = ours(x), theirs(x)
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(got[0], want[0])
+
+
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("hs", [32, 20])
 def test_sequence_kernels_match_their_references(reverse, hs):

@@ -24,8 +24,8 @@ constants (torch's own folding is told to leave them, so the int8 weights are st
 the pass runs).
 
 Only where oneDNN's u8 x s8 products are exact on this CPU
-(:func:`torchquant.kernels.linear.onednn_u8s8_exact`, decided when the graph is compiled): on
-CPUs whose oneDNN saturates, the graph keeps its float conv on dequantized values, which is
+(:func:`torchquant.kernels.onednn_exactness.onednn_u8s8_exact`, decided when the graph is
+compiled): on CPUs whose oneDNN saturates, the graph keeps its float conv on dequantized values, which is
 what the eager ``convert_pt2e`` model computes.  oneDNN requantizes its int32 accumulator in
 float32 with its own operation order, so a fused output can differ from the eager graph's
 (float conv, then quantize) by one step where the float result lies within rounding of a
@@ -43,7 +43,7 @@ from torch import fx
 
 from ... import dtypes as _dt
 from ..._graph import fresh_attr_name, get_attr_value
-from ...kernels import onednn_exactness as _klinear  # the oneDNN probes' home (was kernels.linear)
+from ...kernels import onednn_exactness as _exactness
 from ...kernels import native as _native
 from .packaging_state import native_allowed
 
@@ -610,7 +610,7 @@ def _handler(rewrite: Callable[[_Graph, fx.Node], bool], needs_exact_onednn: boo
         # real tensors: the pass packs and folds the frozen constants, and the oneDNN probe
         # behind onednn_u8s8_exact (measured once, cached) must not run on fake tensors
         with unset_fake_temporarily():
-            if needs_exact_onednn and not _klinear.onednn_u8s8_exact():
+            if needs_exact_onednn and not _exactness.onednn_u8s8_exact():
                 return
             if rewrite(_Graph(gm), node):
                 _erase_dead(node)
