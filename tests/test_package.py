@@ -294,6 +294,8 @@ def test_decompositions_add_clamp_pools(shape):
         assert torch.equal(D.clamp(*args), tq_ops.clamp(*args))
     pool = (a, [3, 3], [2, 2], [1, 1], [1, 1], False)
     assert torch.equal(D.max_pool2d(*pool), tq_ops.max_pool2d(*pool))
+    big = (a, [6, 6], [2, 2], [3, 3], [1, 1], False)   # ATen's window (pooled in float)
+    assert torch.equal(D.max_pool2d(*big), tq_ops.max_pool2d(*big))
     assert torch.equal(D.adaptive_avg_pool2d(a, 77, "quint8", [1, 1]),
                        tq_ops.adaptive_avg_pool2d(a, 77, "quint8", [1, 1]))
 

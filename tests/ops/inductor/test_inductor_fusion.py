@@ -323,6 +323,22 @@ def test_max_pool_with_indices_used_stays_float():
     assert _pools(nodes) == [torch.float32]
 
 
+def test_max_pool_inductor_hands_to_aten_stays_float():
+    """A window of more than 25 elements inductor hands to ATen's kernel, whose 8-bit
+    channels-last max pool rejects this shape (a torch bug): the pool stays in float."""
+    tq = torch.ops.torchquant
+
+    def fn(q):
+        pooled = torch.nn.functional.max_pool2d(tq.dequantize_per_tensor(q, 0.05, 10), 6, 2, 3)
+        return tq.quantize_per_tensor(pooled, 0.05, 10, "quint8")
+
+    q = torch.randint(0, 256, (4, 32, 16, 16), dtype=torch.uint8)
+    q = q.contiguous(memory_format=torch.channels_last)
+    out, nodes, _ = _frozen_graph_nodes(fn, q)
+    assert torch.equal(out, fn(q))
+    assert _pools(nodes) == [torch.float32]
+
+
 def test_trimmed_padding_taps_give_the_same_accumulator():
     """Kernel taps that only ever read padding are dropped (a 3x3 conv over a 1x1 image is its
     centre tap); the conv left gives the same integer accumulator (exact in float64) for every

@@ -23,7 +23,9 @@ running these ops as they are, on the kernels their benchmarks measured.
   every element; eager mode takes torch's scalar formula for a tail of fewer elements than a
   vector, which can land one step apart.
 * ``clamp`` (hardtanh, ReLU6 of FX models): the eager op's integer clamp.
-* ``max_pool2d``: the float max pool of the integers (exact), narrowed back.
+* ``max_pool2d``: the max pool of the 8-bit integers themselves where inductor writes the
+  loop (every window holds an input pixel, so the padding's fill never wins); the float max
+  pool of the integers, narrowed back, for windows inductor hands to ATen.
 * ``adaptive_avg_pool2d``: exact integer window sums, then ``nearbyint(acc * (1/count) +
   zp)`` as the eager op (MUL_ADD rounding).
 
@@ -191,9 +193,13 @@ def _layout_of(t: torch.Tensor) -> torch.memory_format:
 
 def max_pool2d(values: torch.Tensor, kernel_size: list[int], stride: list[int],
                padding: list[int], dilation: list[int], ceil_mode: bool) -> torch.Tensor:
-    out = torch.nn.functional.max_pool2d(values.to(torch.float32), kernel_size, stride or None,
-                                         padding, dilation, ceil_mode)
-    return out.to(values.dtype).contiguous(memory_format=_layout_of(values))
+    if not fusion.integer_max_pool_lowered(kernel_size):   # ATen's kernel: pool in float
+        out = torch.nn.functional.max_pool2d(values.to(torch.float32), kernel_size,
+                                             stride or None, padding, dilation, ceil_mode)
+        return out.to(values.dtype).contiguous(memory_format=_layout_of(values))
+    out = torch.nn.functional.max_pool2d(values, kernel_size, stride or None, padding, dilation,
+                                         ceil_mode)
+    return out.contiguous(memory_format=_layout_of(values))
 
 
 def adaptive_avg_pool2d(values: torch.Tensor, zero_point: int, qdtype: str,

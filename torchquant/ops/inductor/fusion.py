@@ -523,6 +523,20 @@ def _fuse_linear(g: _Graph, node: fx.Node) -> bool:
     return True
 
 
+# Inductor generates the loop of a max pool whose window has at most this many elements and
+# calls ATen's kernel beyond (torch 2.13, ``should_fallback_max_pool_with_indices``); ATen's
+# own 8-bit channels-last max pool rejects many shapes (a torch bug), so integers are pooled
+# only where inductor writes the loop.
+_INDUCTOR_MAX_POOL_WINDOW = 25
+
+
+def integer_max_pool_lowered(kernel_size: Any) -> bool:
+    """Whether inductor lowers a max pool with this kernel (so it may pool 8-bit integers)."""
+    sizes = list(kernel_size) if isinstance(kernel_size, (list, tuple)) else [kernel_size]
+    sizes = (sizes * 2)[:2] if len(sizes) == 1 else sizes
+    return all(isinstance(k, int) for k in sizes) and math.prod(sizes) <= _INDUCTOR_MAX_POOL_WINDOW
+
+
 def _max_pool_targets() -> tuple:
     """The max pool ops a frozen graph may spell a 2-d max pool with (the second once
     inductor's low-memory pass has run); output 0 is the pooled values in both."""
@@ -542,6 +556,8 @@ def _pool_integers(g: _Graph, node: fx.Node) -> bool:
             and not dq.kwargs):
         return False
     q_in, scale, zp = dq.args
+    if len(node.args) < 2 or not integer_max_pool_lowered(node.args[1]):
+        return False
     val = q_in.meta.get("val") if isinstance(q_in, fx.Node) else None
     if (val is None or val.dtype not in (torch.uint8, torch.int8) or _scalar(scale) is None
             or not 0.0 < float(scale) < math.inf or not isinstance(zp, int)):
