@@ -70,6 +70,8 @@ def get(op: str, tensor: torch.Tensor, **hints) -> Callable:
 
 
 def mode() -> str:
+    """The current mode: ``TORCHQUANT_KERNELS`` at import, or what :func:`set_mode` /
+    :func:`reference_only` set since."""
     return _MODE
 
 

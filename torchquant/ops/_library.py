@@ -17,10 +17,10 @@ from ..kernels import registry as _registry
 __all__ = ["NAMESPACE", "traced", "PackCache", "weight_qparams", "kernel_mode"]
 
 
-def kernel_mode() -> str:
-    """The kernel registry's mode (``TORCHQUANT_KERNELS``): part of the key of every call
-    that a module keeps bound (a forced mode must not reuse another mode's kernel)."""
-    return _registry._MODE
+# The kernel registry's mode (``auto`` / ``reference``): part of the key of every call that a
+# module keeps bound (a forced mode must not reuse another mode's kernel).  The registry's own
+# public accessor, re-exported (no wrapper: the eager forwards call it on every call).
+kernel_mode = _registry.mode
 
 NAMESPACE = "torchquant"
 
