@@ -10,6 +10,7 @@ reference kernel mode do not reuse a stale entry.
 """
 import cProfile
 import copy
+import pickle
 import pstats
 
 import pytest
@@ -66,8 +67,7 @@ def test_conv_repeated_call_matches_general_path(cls, spatial, high):
     x = torch.rand(2, 4, *(5,) * spatial) * high
     q = _q(x, 0.05, 3)
     first = mod(q)
-    packed = mod._packed_params
-    assert len(packed.eager_calls) == (1 if kernels.mode() == "auto" else 0)
+    assert len(mod._eager_calls) == (1 if kernels.mode() == "auto" else 0)
     again = mod(q)
     _same(again, first)
     _same(again, _general_conv(mod, q))
@@ -88,15 +88,15 @@ def test_conv_cache_follows_qparams_weight_mode_and_subclasses():
     old_packed = mod._packed_params
     fresh = _conv_module(nnq.Conv2d, 2)
     mod.set_weight_bias(fresh.weight(), fresh.bias())  # new weight: a new pack, empty cache
-    assert mod._packed_params is not old_packed and not mod._packed_params.eager_calls
+    assert mod._packed_params is not old_packed and not mod._eager_calls
     _same(mod(q), _general_conv(mod, q))
     with kernels.reference_only():
         ref = mod(q)
         _same(ref, _general_conv(mod, q))
     sub = SubQTensor(q.int_data, q.scale, q.zero_point, q.qdtype)
-    entries = len(mod._packed_params.eager_calls)
+    entries = len(mod._eager_calls)
     out_sub = mod(sub)
-    assert len(mod._packed_params.eager_calls) == entries  # the general path, no new entry
+    assert len(mod._eager_calls) == entries  # the general path, no new entry
     assert torch.equal(out_sub.int_repr(), mod(q).int_repr())
 
 
@@ -108,7 +108,7 @@ def test_conv_channels_last_and_strided_inputs_get_their_own_entries():
     _same(mod(q), _general_conv(mod, q))
     _same(mod(q_cl), _general_conv(mod, q_cl))
     _same(mod(q_cl), mod(q_cl))
-    assert len(mod._packed_params.eager_calls) == 2
+    assert len(mod._eager_calls) == 2
 
 
 def test_reflect_padding_conv_is_not_cached_and_stays_right():
@@ -116,7 +116,7 @@ def test_reflect_padding_conv_is_not_cached_and_stays_right():
     q = _q(torch.rand(1, 4, 6, 6) * 3)
     first = mod(q)
     _same(mod(q), first)
-    assert not mod._packed_params.eager_calls
+    assert not mod._eager_calls
 
 
 def _linear_module(cls, fin=12, fout=5, **kw):
@@ -160,10 +160,33 @@ def test_linear_cache_follows_slope_qparams_dtype_and_subclasses():
     _same(plain(q8), plain._linear(q8))
     assert plain(q8).qdtype is tq.qint8
     sub = SubQTensor(q.int_data, q.scale, q.zero_point, q.qdtype)
-    before = len(plain._packed_params.packed.eager_calls)
+    before = len(plain._packed_params._eager_calls)
     plain(sub)
-    assert len(plain._packed_params.packed.eager_calls) == before
+    assert len(plain._packed_params._eager_calls) == before
 
+
+
+@pytest.mark.parametrize("make", [lambda: _conv_module(nnq.Conv2d, 2),
+                                  lambda: _linear_module(nnq.Linear)])
+@pytest.mark.parametrize("copy_fn", [copy.deepcopy,
+                                     lambda m: pickle.loads(pickle.dumps(m))],
+                         ids=["deepcopy", "pickle"])
+def test_call_cache_is_the_modules_and_copies_start_empty(make, copy_fn):
+    """The per-call cache belongs to the nn module (the kernels' packed weights hold none); a
+    copy or a pickled module starts with an empty one and computes the same integers."""
+    mod = make()
+    q = _q(torch.rand(2, 4, 6, 6) * 3) if isinstance(mod, nnq.Conv2d) else _q(torch.rand(3, 12))
+    first = mod(q)
+    owner = mod if isinstance(mod, nnq.Conv2d) else mod._packed_params
+    packed = mod._packed_params if owner is mod else mod._packed_params.packed
+    assert not hasattr(packed, "eager_calls")
+    if kernels.mode() == "auto":
+        assert len(owner._eager_calls) == 1
+    twin = copy_fn(mod)
+    twin_owner = twin if owner is mod else twin._packed_params
+    assert twin_owner._eager_calls == {}
+    _same(twin(q), first)
+    _same(twin(q), first)
 
 def test_quantize_stub_fast_path_matches_quantize_per_tensor():
     stub = nnq.Quantize(0.1, 7, tq.quint8)

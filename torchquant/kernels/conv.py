@@ -86,9 +86,6 @@ class PackedConvWeight:
     # Ready-bound kernel calls per (input layout, qparams, geometry): a module's calls repeat
     # them, and the checks and argument building cost as much as a small conv (~25 us).
     plans: dict = field(default_factory=dict, repr=False)
-    # The eager modules' own per-call cache (nn.quantized Conv*: their cheap call key -> the
-    # plan and output qparams), dropped with this pack when the weight changes.
-    eager_calls: dict = field(default_factory=dict, repr=False)
     # The sparse high half's tables (_sparse_plan): the weight as rows of taps per input
     # channel, and per input shape the scaling order and scatter table.
     sparse_taps: dict = field(default_factory=dict, repr=False)

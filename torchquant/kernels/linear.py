@@ -402,7 +402,7 @@ def _unit_epilogue_operands(packed: PackedLinearWeight) -> tuple:
         per_tensor = float(packed.channel_scale[0]) if packed.axis is None and n else None
         ones = torch.ones(n)
         unit_pack = dataclasses.replace(packed, channel_scale=ones, bias=None, plans={},
-                                        requant_epilogues={}, eager_calls={})
+                                        requant_epilogues={})
         operands = packed.requant_epilogues["dynamic_unit"] = (
             ones, torch.zeros(n, dtype=torch.int64), per_tensor, unit_pack)
     return operands

@@ -43,9 +43,6 @@ class PackedLinearWeight:
     symmetric: bool
     onednn_weight: Optional[torch.Tensor]
     requant_epilogues: dict = field(default_factory=dict, repr=False)
-    # The eager modules' per-call cache (nn.quantized Linear: call key -> linear_plan's plan
-    # and the output qparams), dropped with this pack when the weight changes.
-    eager_calls: dict = field(default_factory=dict, repr=False)
     # :func:`quantized_linear`'s checked, bound calls (call_key -> linear_plan's plan).
     plans: dict = field(default_factory=dict, repr=False)
 

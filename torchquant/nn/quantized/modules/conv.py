@@ -1,6 +1,6 @@
 """Static quantized convolutions: ``Conv1d/2d/3d`` and ``ConvTranspose1d/2d/3d``.
 
-The qint8 weight is packed once (:func:`torchquant.kernels.conv.pack_conv_weight`) whenever it
+The qint8 weight is packed once (:func:`torchquant.ops.conv.pack_conv_weight`) whenever it
 is set -- construction, ``from_float``, ``set_weight_bias``, ``load_state_dict`` -- never per
 call.  The state dict holds what torch's holds, in torch's order: ``weight`` (our QTensor),
 ``bias`` (float or None), ``scale`` (float32 0-d) and ``zero_point`` (int64 0-d); in the
@@ -211,6 +211,9 @@ class _ConvNd(OutputQParams, nn.Module):
         self._packed_params = ops_conv.pack_conv_weight(
             w.int_data, w.scale, w.zero_point, w.axis, b, self.stride, padding, self.dilation,
             self.groups, transposed=self.transposed, output_padding=self.output_padding)
+        # The eager forward's per-call cache (call key -> the bound kernel call and the output
+        # qparams): the module's own, emptied with every new pack.
+        self._eager_calls: dict = {}
 
     def _weight_bias(self) -> tuple[QTensor, Optional[torch.Tensor]]:
         p = self._packed_params
@@ -269,7 +272,7 @@ class _ConvNd(OutputQParams, nn.Module):
             if type(ints) is torch.Tensor and input.qdtype is _dt.quint8 and input.axis is None:
                 key = (ints.shape, ints.stride(), ints.device, input.__dict__.get("_numbers"),
                        *self._output_qparams(), kernel_mode())
-                hit = self._packed_params.eager_calls.get(key)
+                hit = self._eager_calls.get(key)
                 if hit is not None:
                     return new_qtensor(hit[0](ints, None), hit[1], hit[2], _dt.quint8, None,
                                        hit[3])
@@ -289,9 +292,19 @@ class _ConvNd(OutputQParams, nn.Module):
                                     self._POST_OP)
         if plan is None:
             return
-        if len(packed.eager_calls) >= 16:
-            packed.eager_calls.clear()
-        packed.eager_calls[key] = (plan, out.scale, out.zero_point, out._scale_zp())
+        calls = self._eager_calls
+        if len(calls) >= 16:
+            calls.clear()
+        calls[key] = (plan, out.scale, out.zero_point, out._scale_zp())
+
+    def __getstate__(self) -> dict:  # copies and pickles start with an empty call cache
+        state = super().__getstate__()
+        state["_eager_calls"] = {}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self.__dict__.setdefault("_eager_calls", {})  # pickled before the module held it
 
     # ---- serialization ----------------------------------------------------------------------
     def _save_to_state_dict(self, destination, prefix, keep_vars):

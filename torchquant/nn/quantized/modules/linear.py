@@ -1,6 +1,6 @@
 """Quantized ``Linear`` (static: quantized input, quantized output) and its packed weights.
 
-The weight is packed once (:func:`torchquant.kernels.packed_linear.pack_linear_weight`) whenever it
+The weight is packed once (:func:`torchquant.ops.linear.pack_linear_weight`) whenever it
 is set -- ``from_float``, ``set_weight_bias`` or ``load_state_dict`` -- never per call.
 ``LinearPackedParams`` holds it and serializes it as torch does, under
 ``_packed_params._packed_params`` as a ``(weight, bias)`` tuple (our QTensor and a float
@@ -54,6 +54,7 @@ class LinearPackedParams(NotScriptable, torch.nn.Module):
                 raise TypeError("a float16 Linear weight must be a 2-D float tensor")
             self.packed = (weight.detach().to(torch.float16),
                            None if bias is None else bias.detach().float())
+            self._eager_calls = None  # Linear's eager forward keeps no calls for float16
             return
         if not isinstance(weight, QTensor):
             raise TypeError(f"quantized Linear weight must be a qint8 QTensor, got "
@@ -66,6 +67,19 @@ class LinearPackedParams(NotScriptable, torch.nn.Module):
             bias = bias.detach().float()
         self.packed = ops_linear.pack_linear_weight(weight.int_data, weight.scale,
                                                   weight.zero_point, weight.axis, bias)
+        # Linear's eager per-call cache (call key -> the bound kernel call and the output
+        # qparams), kept beside the pack and emptied with every new one.
+        self._eager_calls: Optional[dict] = {}
+
+    def __getstate__(self) -> dict:  # copies and pickles start with an empty call cache
+        state = super().__getstate__()
+        state["_eager_calls"] = None if self.dtype is torch.float16 else {}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        if "_eager_calls" not in self.__dict__:  # pickled before this module held the cache
+            self._eager_calls = None if self.dtype is torch.float16 else {}
 
     def _weight_bias(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         if self.dtype is torch.float16:
@@ -161,10 +175,9 @@ class Linear(OutputQParams, torch.nn.Module):
             # qparams, post-op, kernel mode) reruns that call's checked, bound kernel.
             ints = x.int_data
             if type(ints) is torch.Tensor and x.axis is None and x.qdtype.bits == 8:
-                packed = self._packed_params.packed
                 key = (ints.shape, ints.dtype, ints.device, x.__dict__.get("_numbers"),
                        *self._output_qparams(), *self._post_op_args(), kernel_mode())
-                calls = getattr(packed, "eager_calls", None)  # (float16 weights: a tuple)
+                calls = self._packed_params._eager_calls  # (float16 weights: None)
                 hit = None if calls is None else calls.get(key)
                 if hit is not None:
                     return new_qtensor(hit[0](ints), hit[1], hit[2], x.qdtype, None, hit[3])
@@ -176,7 +189,7 @@ class Linear(OutputQParams, torch.nn.Module):
 
     def _remember_call(self, calls: dict, key: tuple, q: QTensor, out: QTensor) -> None:
         """Keep the checked, bound kernel of the call :meth:`_linear` just made for ``q``
-        under ``key`` (in the packed weight's cache: a new weight drops it)."""
+        under ``key`` (in the packed params' cache: a new weight empties it)."""
         x_scale, x_zp = key[3]
         plan = ops_linear.linear_plan(q.int_data, x_scale, x_zp, self._packed_params.packed,
                                       key[4], key[5], q.qdtype.storage_dtype,
