@@ -1,7 +1,7 @@
 """Dynamic quantized ``Linear``: float in, float out, int8 (or float16) weights.
 
 The weight is quantized once at conversion and packed for the int8 kernels; the activation is
-quantized on every call from its own range (:func:`torchquant.kernels.linear.dynamic_linear`,
+quantized on every call from its own range (:func:`torchquant.ops.linear.linear_dynamic`,
 torch's fbgemm numerics).  State dict as torch's: ``scale`` / ``zero_point`` (unused
 placeholders), ``_packed_params.dtype`` and ``_packed_params._packed_params`` = ``(weight,
 bias)``.
@@ -13,7 +13,7 @@ Two things torch leaves implicit are attributes here (plain attributes, not stat
   (x86 numbers); set False for qnnpack's.  The qconfig's activation observer does not change it,
   exactly as in torch (``default_dynamic_qconfig``'s observer says 0..255, yet torch uses 0..127).
 * ``per_token`` -- activations quantized int8 symmetric with one scale per row
-  (:func:`torchquant.kernels.linear.per_token_dynamic_linear`); chosen by ``from_float`` when the
+  (:func:`torchquant.ops.linear.linear_per_token_dynamic`); chosen by ``from_float`` when the
   qconfig's activation is :class:`torchquant.quantization.qconfig.PerTokenDynamicObserver`
   (``per_token_dynamic_qconfig``) and a keyword-only constructor argument.
 """
