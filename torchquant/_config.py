@@ -39,7 +39,8 @@ __all__ = ["QUIET", "KERNELS", "CPU_ISA", "NATIVE", "COMPILE_LOWERING", "ONEDNN_
            "SMALL_M_MAX_ROWS", "COMPILED_HOT_CALLS", "COMPILED_FIRST_BUILD_ESTIMATE_S",
            "COMPILED_BUILD_ESTIMATE_S", "ONEDNN_MAX_CPU_ISA", "CPU_ISA_LEVELS",
            "KERNEL_MODES", "DEFAULT_COMPILED_HOT_CALLS", "quiet", "kernels_mode",
-           "parse_kernels_mode", "cpu_isa", "parse_cpu_isa", "native_enabled", "compile_lowering_enabled",
+           "parse_kernels_mode", "cpu_isa", "parse_cpu_isa", "native_enabled",
+           "compile_lowering_enabled",
            "onednn_min_rows", "small_m_max_rows", "compiled_hot_calls",
            "compiled_hot_calls_set", "compiled_first_build_estimate_s",
            "compiled_build_estimate_s", "compiled_build_estimate_set", "cache_key_environment"]

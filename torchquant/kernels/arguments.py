@@ -73,8 +73,9 @@ def output_qdtype(out_dtype: Any, op: str) -> _dt.QDType:
 def per_channel_view(scale: torch.Tensor, zero_point: torch.Tensor, channels: int,
                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(float32 scales, int64 zero points) with one entry per output channel."""
-    return (scale.to(device=device, dtype=torch.float32).reshape(-1).expand(channels).contiguous(),
-            zero_point.to(device=device, dtype=torch.int64).reshape(-1).expand(channels).contiguous())
+    scales = scale.to(device=device, dtype=torch.float32).reshape(-1)
+    zero_points = zero_point.to(device=device, dtype=torch.int64).reshape(-1)
+    return scales.expand(channels).contiguous(), zero_points.expand(channels).contiguous()
 
 
 def check_weight_qparams(weight: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,

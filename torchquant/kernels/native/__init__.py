@@ -205,8 +205,8 @@ _PACKS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
 def pack(packed: Any) -> Any:
-    """The fbgemm pack of a :class:`~torchquant.kernels.packed_linear.PackedLinearWeight`, made once
-    per instruction set and dropped with it."""
+    """The fbgemm pack of a :class:`~torchquant.kernels.packed_linear.PackedLinearWeight`, made
+    once per instruction set and dropped with it."""
     per_isa = _PACKS.get(packed)
     if per_isa is None:
         per_isa = _PACKS[packed] = {}
@@ -240,8 +240,9 @@ _FBGEMM_POINTWISE_MAX_ROWS = 2048   # 1x1 convs over >= 64 input channels, any z
 _FBGEMM_POINTWISE_MAX_MACS = 40_000_000
 _FBGEMM_DEPTHWISE_MAX_ROWS = 1024
 # Images of at most 2x2 pixels (ResNet's last stage on 32x32 inputs): a padded kernel reads
-# more padding than pixels, where oneDNN's kernel is slow; the native conv won every such plain conv
-# measured, 37-151 M multiply-accumulates, 64-512 rows, 1 and 2 threads (BENCHMARKS.md).
+# more padding than pixels, where oneDNN's kernel is slow; the native conv won every such
+# plain conv measured, 37-151 M multiply-accumulates, 64-512 rows, 1 and 2 threads
+# (BENCHMARKS.md, tenth session).
 _FBGEMM_TINY_IMAGE_PIXELS = 4
 _FBGEMM_CONV_TINY_MAX_ROWS = 512
 _FBGEMM_DEPTHWISE_MAX = 200_000     # rows x channels; half that at zero point 0

@@ -25,12 +25,12 @@ the pass runs).
 
 Only where oneDNN's u8 x s8 products are exact on this CPU
 (:func:`torchquant.kernels.onednn_exactness.onednn_u8s8_exact`, decided when the graph is
-compiled): on CPUs whose oneDNN saturates, the graph keeps its float conv on dequantized values, which is
-what the eager ``convert_pt2e`` model computes.  oneDNN requantizes its int32 accumulator in
-float32 with its own operation order, so a fused output can differ from the eager graph's
-(float conv, then quantize) by one step where the float result lies within rounding of a
-half-integer (bounded in the tests); it equals torchquant's own fused ops, which call the same
-oneDNN kernels.
+compiled): on CPUs whose oneDNN saturates, the graph keeps its float conv on dequantized
+values, which is what the eager ``convert_pt2e`` model computes.  oneDNN requantizes its int32
+accumulator in float32 with its own operation order, so a fused output can differ from the
+eager graph's (float conv, then quantize) by one step where the float result lies within
+rounding of a half-integer (bounded in the tests); it equals torchquant's own fused ops, which
+call the same oneDNN kernels.
 """
 from __future__ import annotations
 
