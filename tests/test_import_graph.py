@@ -7,6 +7,12 @@ a function).  A function-local torchquant import is not allowed at all (test bel
 ever served to dodge a cycle.  The one import still going up a layer is listed in
 KNOWN_UPWARD, the debt this test keeps from growing; an entry that no longer exists fails the
 test too, so the list only shrinks.
+
+A call can go up a layer without an import: a higher layer registers its functions into a
+hook of a lower one when it loads.  The package has one such edge, nn's workflow hook
+(``torchquant.nn._workflow``, filled by ``torchquant.quantization.quantize``), named in
+UPWARD_HOOKS; the tests below find every such registration in the source and check that this
+one is filled, by its registrar only, whenever the workflow is loaded.
 """
 from __future__ import annotations
 
@@ -48,6 +54,19 @@ OPTIONAL_LOCAL_IMPORTS: set[tuple[str, str, str]] = {
     ("torchquant", "torchquant._package",
      "torchquant.export_package / load (AOTInductor packages) pull in the compile machinery; "
      "loaded on first use like torchquant.compile"),
+}
+
+
+# Calls that go up a layer through a registration point instead of an import: (module holding
+# the hook, the one module that registers into it, why).  A hook is found in the source as a
+# module-level call of a ``register*`` / ``install*`` function of a lower layer's module.
+UPWARD_HOOKS: set[tuple[str, str, str]] = {
+    ("torchquant.nn._workflow", "torchquant.quantization.quantize",
+     "nn's quantizable LSTM / MultiheadAttention prepare what from_float builds, their "
+     "quantized versions convert an observed one, dynamic Linear / Embedding fall back on a "
+     "predefined qconfig and the dynamic QAT Linear checks its qconfig, as torch's do (torch "
+     "imports torch.ao.quantization inside those functions); nn cannot import the workflow "
+     "above it, so the workflow hands these parts down when it loads"),
 }
 
 
@@ -273,6 +292,113 @@ def test_nn_workflow_calls_without_the_workflow_loaded_say_so():
                          check=True).stdout.splitlines()
     assert "import torchquant.quantization first" in out[0]
     assert out[1] == "True"
+
+
+def _bound_modules(path: Path) -> dict[str, str]:
+    """Names ``path``'s module-level import statements bind, to the torchquant module each
+    name is or lives in (``from ..nn import _workflow``: ``_workflow`` -> torchquant.nn._workflow;
+    ``from .registry import register``: ``register`` -> torchquant.kernels.registry)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    bound = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            bound.update((a.asname or a.name.split(".")[0], a.name) for a in node.names
+                         if a.name.startswith("torchquant") and (a.asname or "." not in a.name))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("torchquant"):
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    bound[alias.asname or alias.name] = sub if _exists(sub) else target
+    return bound
+
+
+def _upward_registrations() -> set[tuple[str, str]]:
+    """(hook module, registering module) for every module-level call, in any torchquant module,
+    of a ``register*`` / ``install*`` function that a lower layer's module defines."""
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        bound = _bound_modules(path)
+        for statement in ast.parse(path.read_text()).body:
+            if not isinstance(statement, ast.Expr) or not isinstance(statement.value, ast.Call):
+                continue
+            func = statement.value.func
+            chain = []
+            while isinstance(func, ast.Attribute):
+                chain.append(func.attr)
+                func = func.value
+            if not isinstance(func, ast.Name) or func.id not in bound:
+                continue
+            called = chain[0] if chain else func.id
+            hook = ".".join([bound[func.id]] + chain[:0:-1])
+            hook = hook if _exists(hook) else bound[func.id]
+            if called.startswith(("register", "install")) and module != "torchquant" \
+                    and _layer(hook) < _layer(module):
+                found.add((hook, module))
+    return found
+
+
+def test_upward_hooks_are_the_listed_ones():
+    """The only registration going up a layer is the one UPWARD_HOOKS names (nn's workflow
+    hook, filled by the eager workflow); a new one, or this one moved or gone, fails here."""
+    assert _upward_registrations() == {(hook, by) for hook, by, _why in UPWARD_HOOKS}
+    # and the hook module is imported from above nn by its registrar alone
+    for hook, by, _why in UPWARD_HOOKS:
+        importers = {m for m, imports in _graph().items() if hook in imports
+                     and _layer(m) > _layer(hook)}
+        assert importers == {by}, importers
+
+
+def test_the_workflow_hook_is_filled_by_loading_the_workflow():
+    """Importing torchquant alone loads neither side; nn alone leaves the hook empty; whatever
+    loads torchquant.quantization fills it, with the workflow's own functions and qconfigs."""
+    code = ("import sys, torchquant, torchquant.nn._workflow as w\n"
+            "print(w.registered())\n"
+            f"import {{first}}\n"
+            "import torchquant.quantization as tq\n"
+            "quantize = sys.modules['torchquant.quantization.quantize']\n"
+            "print(w.registered(), w._parts == dict(prepare=tq.prepare, "
+            "prepare_qat=tq.prepare_qat, convert=tq.convert, "
+            "default_dynamic_qconfig=tq.default_dynamic_qconfig, "
+            "float_qparams_weight_only_qconfig=tq.float_qparams_weight_only_qconfig, "
+            "activation_is_memoryless=quantize._activation_is_memoryless))\n"
+            "print(w.default_dynamic_qconfig() is tq.default_dynamic_qconfig)")
+    for first in ("torchquant.quantization", "torchquant.quantization.qconfig",
+                  "torchquant.nn.quantized.dynamic"):
+        out = subprocess.run([sys.executable, "-c", code.format(first=first)],
+                             capture_output=True, text=True, check=True).stdout.split()
+        assert out == ["False", "True", "True", "True"], (first, out)
+
+
+def test_the_upward_hook_check_sees_a_registration():
+    """The rule itself, on a made-up tree: a module-level ``_hook.register(...)`` from a
+    higher layer into a lower one is found; one within a layer is not."""
+    import tempfile
+    global PACKAGE
+    saved = PACKAGE
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "torchquant"
+        for rel, text in {"__init__.py": "", "nn/__init__.py": "", "nn/_hook.py": "",
+                          "kernels/__init__.py": "", "kernels/registry.py": "",
+                          "kernels/a.py": "from .registry import register\nregister(1)\n",
+                          "quantization/__init__.py": "",
+                          "quantization/q.py": "from ..nn import _hook\n_hook.register(f=1)\n",
+                          }.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
+        PACKAGE = root
+        try:
+            assert _upward_registrations() == {("torchquant.nn._hook",
+                                                "torchquant.quantization.q")}
+        finally:
+            PACKAGE = saved
 
 
 # Names moved to break cycles: (old module, name, where it is defined now).  Code importing

@@ -489,9 +489,11 @@ def default_eval_fn(model: nn.Module, calib_data: Iterable, progress: Optional[b
             model(data)
 
 
-# nn's LSTM / MultiheadAttention / dynamic Linear / Embedding call back into the workflow
-# (see torchquant.nn._workflow): hand it down now that it exists.
-_workflow.install(prepare=prepare, prepare_qat=prepare_qat, convert=convert,
-                  default_dynamic_qconfig=default_dynamic_qconfig,
-                  float_qparams_weight_only_qconfig=float_qparams_weight_only_qconfig,
-                  activation_is_memoryless=_activation_is_memoryless)
+# The package's one upward edge, made at import: nn's LSTM / MultiheadAttention / dynamic
+# Linear / Embedding / dynamic QAT Linear call back into the workflow through the hook
+# torchquant.nn._workflow (tests/test_import_graph.py's UPWARD_HOOKS names it and checks it
+# is filled here, and only here).
+_workflow.register(prepare=prepare, prepare_qat=prepare_qat, convert=convert,
+                   default_dynamic_qconfig=default_dynamic_qconfig,
+                   float_qparams_weight_only_qconfig=float_qparams_weight_only_qconfig,
+                   activation_is_memoryless=_activation_is_memoryless)
