@@ -96,18 +96,25 @@ def _import_statements(path: Path) -> list[Import]:
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names if a.name.startswith("torchquant")]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[:len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            if target.startswith("torchquant"):
-                for alias in node.names:
-                    sub = f"{target}.{alias.name}"
-                    targets.append(sub if _exists(sub) else target)
+            targets = list(_from_import_targets(node, package).values())
         found += [Import(t, id(node) in in_function, node.lineno) for t in targets if t != name]
     return found
+
+
+def _from_import_targets(node: ast.ImportFrom, package: str) -> dict[str, str]:
+    """For ``from X import a as b`` in ``package``, each bound name (``b``) -> the torchquant
+    module it names (``X.a`` when that is a module, else ``X``); {} when X is not torchquant."""
+    if node.level:
+        base = package.split(".")
+        base = base[:len(base) - node.level + 1]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    if not target.startswith("torchquant"):
+        return {}
+    return {alias.asname or alias.name: (f"{target}.{alias.name}"
+                                         if _exists(f"{target}.{alias.name}") else target)
+            for alias in node.names}
 
 
 def _imports(path: Path) -> set[str]:
@@ -306,16 +313,7 @@ def _bound_modules(path: Path) -> dict[str, str]:
             bound.update((a.asname or a.name.split(".")[0], a.name) for a in node.names
                          if a.name.startswith("torchquant") and (a.asname or "." not in a.name))
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[:len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            if target.startswith("torchquant"):
-                for alias in node.names:
-                    sub = f"{target}.{alias.name}"
-                    bound[alias.asname or alias.name] = sub if _exists(sub) else target
+            bound.update(_from_import_targets(node, package))
     return bound
 
 
