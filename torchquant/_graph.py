@@ -1,15 +1,15 @@
 """Small FX graph helpers shared by every graph rewrite (FX convert, PT2E prepare / convert /
-lowering, the quantizers, the numeric debugger, the inductor freezing pass): fresh attribute
-names and reading the value behind a dotted ``get_attr`` target.  A helper every layer may use
-(torch only)."""
+lowering and reference representation, the quantizers, the numeric debugger, the inductor
+freezing pass): fresh attribute names, reading the value behind a dotted ``get_attr`` target and
+dropping attributes the graph no longer reads.  A helper every layer may use (torch only)."""
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-from torch.fx import Node
+from torch.fx import GraphModule, Node
 
-__all__ = ["fresh_attr_name", "read_attr", "get_attr_value"]
+__all__ = ["fresh_attr_name", "read_attr", "get_attr_value", "drop_unused_attrs"]
 
 _MISSING = object()
 
@@ -43,3 +43,15 @@ def get_attr_value(module: torch.nn.Module, node: Any) -> Any:
     if not (isinstance(node, Node) and node.op == "get_attr"):
         return None
     return read_attr(module, str(node.target), None)
+
+
+def drop_unused_attrs(model: GraphModule, prefixes: tuple[str, ...], *,
+                      children: bool = False) -> None:
+    """Delete ``model``'s own buffers (with ``children``, its direct submodules instead) whose
+    name starts with one of ``prefixes`` and that no ``get_attr`` / ``call_module`` node of its
+    graph names."""
+    used = {str(n.target) for n in model.graph.nodes if n.op in ("get_attr", "call_module")}
+    owned = model.named_children() if children else model.named_buffers(recurse=False)
+    for name in [n for n, _ in owned]:
+        if name not in used and name.startswith(prefixes):
+            delattr(model, name)

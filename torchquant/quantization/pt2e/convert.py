@@ -27,7 +27,7 @@ from torch.fx.node import map_arg
 
 from ... import dtypes as _dt
 from ...ops import quantize as ops_quantize
-from ..._graph import fresh_attr_name
+from ..._graph import drop_unused_attrs, fresh_attr_name
 from ..quantizer.quantizer import Q_ANNOTATION_KEY
 from ..quantizer.utils import is_valid_annotation
 from ._numeric_debugger import debug_handle_from_observer
@@ -42,6 +42,7 @@ QUANTIZE_OPS = (_tq.quantize_per_tensor.default, _tq.quantize_per_channel.defaul
 DEQUANTIZE_OPS = (_tq.dequantize_per_tensor.default, _tq.dequantize_per_channel.default)
 _PORTED_META = ("nn_module_stack", "stack_trace", "custom")
 _QSCHEME_NAMES_DYNAMIC_OK = ("per_tensor_affine", "per_tensor_symmetric")
+_OBSERVER_PREFIXES = ("activation_post_process_",)  # the observer modules prepare inserted
 
 
 def _qdtype(dtype: Any) -> Optional[_dt.QDType]:
@@ -258,15 +259,7 @@ def fold_quantize_constants(model: GraphModule) -> None:
         frozen.meta.update({k: v for k, v in last.meta.items() if k == "val"})
         last.replace_all_uses_with(frozen)
     graph.eliminate_dead_code()
-    _drop_unused_attrs(model)
-
-
-def _drop_unused_attrs(model: GraphModule) -> None:
-    """Remove the float weights / observer modules no node reads any more."""
-    used = {str(n.target) for n in model.graph.nodes if n.op in ("get_attr", "call_module")}
-    for name, _ in list(model.named_children()):
-        if name.startswith("activation_post_process_") and name not in used:
-            delattr(model, name)
+    drop_unused_attrs(model, _OBSERVER_PREFIXES, children=True)  # observers no node calls
 
 
 def convert(model: GraphModule) -> GraphModule:
@@ -275,7 +268,7 @@ def convert(model: GraphModule) -> GraphModule:
     for node in list(model.graph.nodes):
         if is_observer_node(node, rewriter.modules):
             rewriter.rewrite(node)
-    _drop_unused_attrs(model)
+    drop_unused_attrs(model, _OBSERVER_PREFIXES, children=True)  # observers no node calls
     model.graph.lint()
     model.recompile()
     return model

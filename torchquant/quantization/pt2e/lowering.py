@@ -39,7 +39,7 @@ from ...ops import conv as _ops_conv
 from ...ops import linear as _ops_linear
 from ...ops import pooling as _ops_pooling
 from ...ops._library import weight_qparams
-from ..._graph import fresh_attr_name, get_attr_value
+from ..._graph import drop_unused_attrs, fresh_attr_name, get_attr_value
 
 __all__ = ["lower_pt2e", "LoweredConv", "LoweredLinear", "LoweredDynamicLinear",
            "lowered_op_counts"]
@@ -446,14 +446,6 @@ def _fold_weight_dequantize(model: GraphModule) -> None:
         node.replace_all_uses_with(const)
 
 
-def _drop_unused_attrs(model: GraphModule) -> None:
-    used = {str(n.target) for n in model.graph.nodes if n.op in ("get_attr", "call_module")}
-    for name in [n for n, _ in model.named_buffers(recurse=False)]:
-        if name not in used and (name.startswith("_frozen_param") or name.startswith("_scale_")
-                                 or name.startswith("_zero_point_")):
-            delattr(model, name)
-
-
 def lower_pt2e(model: GraphModule, inplace: bool = False) -> GraphModule:
     """The lowered form of a ``convert_pt2e`` output (see the module docstring); ``model`` is
     copied unless ``inplace``.  The weights of fused ops are packed here, once."""
@@ -476,7 +468,7 @@ def lower_pt2e(model: GraphModule, inplace: bool = False) -> GraphModule:
     graph.eliminate_dead_code()
     _fold_weight_dequantize(model)
     graph.eliminate_dead_code()
-    _drop_unused_attrs(model)
+    drop_unused_attrs(model, ("_frozen_param", "_scale_", "_zero_point_"))
     graph.lint()
     model.recompile()
     return model
