@@ -1,15 +1,17 @@
 """Small FX graph helpers shared by every graph rewrite (FX convert, PT2E prepare / convert /
 lowering and reference representation, the quantizers, the numeric debugger, the inductor
-freezing pass): fresh attribute names, reading the value behind a dotted ``get_attr`` target and
-dropping attributes the graph no longer reads.  A helper every layer may use (torch only)."""
+freezing pass): fresh attribute names, reading the value behind a dotted ``get_attr`` target,
+matching call_function nodes and their one user, and dropping attributes the graph no longer
+reads.  A helper every layer may use (torch only)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch.fx import GraphModule, Node
 
-__all__ = ["fresh_attr_name", "read_attr", "get_attr_value", "drop_unused_attrs"]
+__all__ = ["fresh_attr_name", "read_attr", "get_attr_value", "get_attr_tensor",
+           "is_call", "only_user", "drop_unused_attrs"]
 
 _MISSING = object()
 
@@ -43,6 +45,28 @@ def get_attr_value(module: torch.nn.Module, node: Any) -> Any:
     if not (isinstance(node, Node) and node.op == "get_attr"):
         return None
     return read_attr(module, str(node.target), None)
+
+
+def get_attr_tensor(module: torch.nn.Module, node: Any) -> Optional[torch.Tensor]:
+    """The tensor a ``get_attr`` node reads from ``module``; None for anything else (another
+    node, a non-tensor attribute, a missing one)."""
+    value = get_attr_value(module, node)
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def is_call(node: Any, targets: Any) -> bool:
+    """``node`` is a call_function node calling ``targets`` (one callable, compared by
+    identity) or one of them (a tuple, list, set or dict of callables)."""
+    if not isinstance(node, Node) or node.op != "call_function":
+        return False
+    if isinstance(targets, (tuple, list, set, frozenset, dict)):
+        return node.target in targets
+    return node.target is targets
+
+
+def only_user(node: Node) -> Optional[Node]:
+    """The one node that uses ``node``; None where it has no user or several."""
+    return next(iter(node.users)) if len(node.users) == 1 else None
 
 
 def drop_unused_attrs(model: GraphModule, prefixes: tuple[str, ...], *,

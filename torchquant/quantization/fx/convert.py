@@ -35,7 +35,7 @@ from ...nn.quantized import reference as nnqr
 from ...nn.quantized.modules.utils import as_output_scale as _as_output_scale
 from ...nn.quantized.modules.utils import as_output_zero_point as _as_output_zero_point
 from ...ops._library import weight_qparams
-from ..._graph import fresh_attr_name, read_attr
+from ..._graph import fresh_attr_name, only_user, read_attr
 from ..backend_config import BackendConfig
 from ..backend_config.utils import get_root_module_to_quantized_reference_module
 from ..fake_quantize import FakeQuantizeBase
@@ -391,9 +391,10 @@ def _record_quantize_qparams(gm: GraphModule) -> None:
 
 
 def _single_quantize_user(node: Node) -> Optional[Node]:
-    users = list(node.users)
-    if len(users) == 1 and _is_quantize(users[0]) and users[0].target is quantize_per_tensor:
-        return users[0]
+    """``node``'s one user where it is a per-tensor quantize; None otherwise."""
+    user = only_user(node)
+    if user is not None and _is_quantize(user) and user.target is quantize_per_tensor:
+        return user
     return None
 
 

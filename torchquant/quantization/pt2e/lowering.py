@@ -39,7 +39,7 @@ from ...ops import conv as _ops_conv
 from ...ops import linear as _ops_linear
 from ...ops import pooling as _ops_pooling
 from ...ops._library import weight_qparams
-from ..._graph import drop_unused_attrs, fresh_attr_name, get_attr_value
+from ..._graph import drop_unused_attrs, fresh_attr_name, get_attr_tensor, is_call, only_user
 
 __all__ = ["lower_pt2e", "LoweredConv", "LoweredLinear", "LoweredDynamicLinear",
            "lowered_op_counts"]
@@ -133,11 +133,6 @@ class LoweredDynamicLinear(torch.nn.Module):
 
 # ---- graph helpers -------------------------------------------------------------------------------
 
-def _attr(model: GraphModule, node: Node) -> Optional[torch.Tensor]:
-    value = get_attr_value(model, node)
-    return value if isinstance(value, torch.Tensor) else None
-
-
 def _dtype(node: Any) -> Optional[torch.dtype]:
     if not isinstance(node, Node):
         return None
@@ -159,26 +154,14 @@ def _shape(node: Any) -> Optional[torch.Size]:
         return val.shape
     if node.meta.get(_DTYPE_KEY) is not None:  # a node this lowering made
         return node.meta.get(_SHAPE_KEY)
-    if _is(node, (_Q, _DQ)):
+    if is_call(node, (_Q, _DQ)):
         return _shape(node.args[0])
     return None
 
 
-def _is(node: Any, targets: Any) -> bool:
-    if not isinstance(node, Node) or node.op != "call_function":
-        return False
-    return node.target in targets if isinstance(targets, (tuple, set, dict)) else \
-        node.target is targets
-
-
-def _only_user(node: Node) -> Optional[Node]:
-    users = list(node.users)
-    return users[0] if len(users) == 1 else None
-
-
 def _act_dq(node: Any) -> Optional[tuple[Node, float, int]]:
     """(codes, scale, zero_point) of a per-tensor activation dequantize."""
-    if not _is(node, _DQ) or len(node.args) < 3:
+    if not is_call(node, _DQ) or len(node.args) < 3:
         return None
     codes = node.args[0]
     if not isinstance(codes, Node) or codes.op == "get_attr":
@@ -189,14 +172,14 @@ def _act_dq(node: Any) -> Optional[tuple[Node, float, int]]:
 def _weight(model: GraphModule, node: Any) -> Optional[tuple]:
     """(int8 weight, scale, zero_point, axis) of a dequantized constant weight; per-tensor
     qparams as 0-d tensors."""
-    if _is(node, _DQ_CH):
-        w, s, zp = (_attr(model, a) for a in node.args[:3])
+    if is_call(node, _DQ_CH):
+        w, s, zp = (get_attr_tensor(model, a) for a in node.args[:3])
         axis = int(node.args[3])
         if w is None or s is None or zp is None or axis != 0:
             return None
         return w, s, zp, axis
-    if _is(node, _DQ):
-        w = _attr(model, node.args[0])
+    if is_call(node, _DQ):
+        w = get_attr_tensor(model, node.args[0])
         if w is None:
             return None
         return (w, torch.tensor(float(node.args[1]), dtype=torch.float64),
@@ -207,7 +190,7 @@ def _weight(model: GraphModule, node: Any) -> Optional[tuple]:
 def _bias(model: GraphModule, node: Any) -> tuple[bool, Optional[torch.Tensor]]:
     if node is None:
         return True, None
-    b = _attr(model, node)
+    b = get_attr_tensor(model, node)
     return (b is not None and b.dtype == torch.float32), b
 
 
@@ -217,11 +200,11 @@ def _tail(root: Node) -> Optional[tuple[list[Node], str, Optional[tuple], Node]]
     chain: list[Node] = []
     post_op, other = "none", None
     cur = root
-    nxt = _only_user(cur)
-    if _is(nxt, _RELU):
+    nxt = only_user(cur)
+    if is_call(nxt, _RELU):
         chain.append(nxt)
         post_op, cur = "relu", nxt
-    elif _is(nxt, _ADD) and len(nxt.args) == 2 and not nxt.kwargs:
+    elif is_call(nxt, _ADD) and len(nxt.args) == 2 and not nxt.kwargs:
         a, b = nxt.args
         operand = b if a is cur else a
         deq = _act_dq(operand)
@@ -231,12 +214,12 @@ def _tail(root: Node) -> Optional[tuple[list[Node], str, Optional[tuple], Node]]
             return None
         chain.append(nxt)
         post_op, other, cur = "add", deq, nxt
-        after = _only_user(cur)
-        if _is(after, _RELU):
+        after = only_user(cur)
+        if is_call(after, _RELU):
             chain.append(after)
             post_op, cur = "add_relu", after
-    q = _only_user(cur)
-    if not _is(q, _Q) or len(q.args) < 4:
+    q = only_user(cur)
+    if not is_call(q, _Q) or len(q.args) < 4:
         return None
     return chain, post_op, other, q
 
@@ -337,19 +320,19 @@ def _fuse_static(model: GraphModule, node: Node) -> bool:
 def _dynamic_input(node: Any) -> Optional[tuple[Node, bool]]:
     """(float input, reduce_range) of the dequantize ``convert`` writes after a dynamic
     quantize: ``mul(sub(float(codes), zp), float(scale))``."""
-    if not _is(node, (_aten.mul.Tensor,)):
+    if not is_call(node, (_aten.mul.Tensor,)):
         return None
     shifted, scale = node.args
-    if not _is(shifted, (_aten.sub.Tensor,)) or not _is(scale, (_aten._to_copy.default,)):
+    if not is_call(shifted, (_aten.sub.Tensor,)) or not is_call(scale, (_aten._to_copy.default,)):
         return None
     qf, zp = shifted.args
-    if not _is(qf, (_aten._to_copy.default,)):
+    if not is_call(qf, (_aten._to_copy.default,)):
         return None
     parts = (qf.args[0], zp, scale.args[0])
-    if not all(_is(p, (operator.getitem,)) for p in parts):
+    if not all(is_call(p, (operator.getitem,)) for p in parts):
         return None
     chosen = parts[0].args[0]
-    if not _is(chosen, _Q_DYN) or any(p.args[0] is not chosen for p in parts) \
+    if not is_call(chosen, _Q_DYN) or any(p.args[0] is not chosen for p in parts) \
             or [p.args[1] for p in parts] != [0, 2, 1]:
         return None
     x, qdtype = chosen.args[:2]
@@ -368,8 +351,8 @@ def _fuse_dynamic(model: GraphModule, node: Node) -> bool:
         return False
     (w_int, w_scale, w_zp, axis), bias = weight_bias
     packed = _ops_linear.packed_linear_weight(w_int, *weight_qparams(w_scale, w_zp, axis), bias)
-    relu = _only_user(node)
-    last = relu if _is(relu, _RELU) else node
+    relu = only_user(node)
+    last = relu if is_call(relu, _RELU) else node
     _replace(model, node, last, LoweredDynamicLinear(packed, dyn[1], last is not node),
              "lowered_dynamic_linear_", (dyn[0],), torch.float32)
     return True
@@ -395,10 +378,10 @@ def _same_qparams(dq: Node, q: Node) -> bool:
 def _lower_max_pool(model: GraphModule) -> int:
     lowered = 0
     for node in list(model.graph.nodes):
-        if not _is(node, _MAX_POOL) or not _is(node.args[0], _DQ):
+        if not is_call(node, _MAX_POOL) or not is_call(node.args[0], _DQ):
             continue
-        q = _only_user(node)
-        if not _is(q, _Q) or not _same_qparams(node.args[0], q) or float(q.args[1]) <= 0:
+        q = only_user(node)
+        if not is_call(q, _Q) or not _same_qparams(node.args[0], q) or float(q.args[1]) <= 0:
             continue
         ndim = _MAX_POOL[node.target]
         names = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode")
@@ -419,7 +402,7 @@ def _drop_requantize(model: GraphModule) -> int:
     """``quantize(dequantize(q, s, zp), s, zp, dtype)`` of q's own dtype is q."""
     dropped = 0
     for node in list(model.graph.nodes):
-        if not _is(node, _Q) or not _is(node.args[0], _DQ):
+        if not is_call(node, _Q) or not is_call(node.args[0], _DQ):
             continue
         dq = node.args[0]
         if _same_qparams(dq, node):
@@ -432,11 +415,11 @@ def _fold_weight_dequantize(model: GraphModule) -> None:
     """Dequantize constant weights that stay float once, into float constants."""
     graph = model.graph
     for node in list(graph.nodes):
-        if not _is(node, (_DQ, _DQ_CH)) or not node.users:
+        if not is_call(node, (_DQ, _DQ_CH)) or not node.users:
             continue
         if not all(a.op == "get_attr" for a in node.all_input_nodes):
             continue
-        args = tuple(_attr(model, a) if isinstance(a, Node) else a for a in node.args)
+        args = tuple(get_attr_tensor(model, a) if isinstance(a, Node) else a for a in node.args)
         value = node.target(*args)
         name = fresh_attr_name(model, "_dequantized_weight_")
         model.register_buffer(name, value)

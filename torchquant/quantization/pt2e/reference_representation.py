@@ -33,6 +33,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ... import dtypes as _dt
+from ..._graph import is_call, only_user
 
 __all__ = ["reference_representation_rewrite"]
 
@@ -96,11 +97,11 @@ def _quantize_info(node: Node) -> Optional[tuple[Node, _dt.QDType, int, int]]:
 def _with_narrowing_clamp(q: Node, qdtype: _dt.QDType) -> tuple[Node, int, int]:
     """(the last node of quantize ``q``, its qmin, qmax): ``q`` itself with its dtype's range,
     or the clamp that narrows its codes when that is ``q``'s only user."""
-    users = list(q.users)
-    if len(users) == 1:
-        info = _quantize_info(users[0])
+    user = only_user(q)
+    if user is not None:
+        info = _quantize_info(user)
         if info is not None and info[0] is q:
-            return users[0], info[2], info[3]
+            return user, info[2], info[3]
     return q, qdtype.qmin, qdtype.qmax
 
 
@@ -188,10 +189,8 @@ class _Rewriter:
     def _q_per_tensor_user(self, node: Node) -> Optional[tuple[Node, float, int, int, int]]:
         """When ``node``'s only user is an int8 per-tensor quantize (optionally narrowed by a
         clamp): (the node whose output the rewrite replaces, scale, zero point, qmin, qmax)."""
-        if len(node.users) != 1:
-            return None
-        q = next(iter(node.users))
-        if not (q.op == "call_function" and q.target == _Q_TENSOR):
+        q = only_user(node)
+        if not is_call(q, _Q_TENSOR):
             return None
         qdtype = _dt.qdtype_of(q.args[3])
         if qdtype.storage_dtype != _CODES:
@@ -254,11 +253,8 @@ class _Rewriter:
         one code range (torchao's pattern shares quant_min / quant_max)."""
         if node.target != _aten.add.Tensor or len(node.args) != 2 or node.kwargs:
             return False
-        relu = None
-        if len(node.users) == 1:
-            user = next(iter(node.users))
-            if user.op == "call_function" and user.target == _aten.relu.default:
-                relu = user
+        user = only_user(node)
+        relu = user if is_call(user, _aten.relu.default) else None
         x = self._dq_per_tensor(node.args[0], node)
         y = self._dq_per_tensor(node.args[1], node)
         out = self._q_per_tensor_user(relu if relu is not None else node)
