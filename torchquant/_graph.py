@@ -11,7 +11,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 __all__ = ["fresh_attr_name", "read_attr", "get_attr_value", "get_attr_tensor",
-           "is_call", "only_user", "drop_unused_attrs"]
+           "optional_attr_value", "is_call", "only_user", "drop_unused_attrs"]
 
 _MISSING = object()
 
@@ -52,6 +52,17 @@ def get_attr_tensor(module: torch.nn.Module, node: Any) -> Optional[torch.Tensor
     node, a non-tensor attribute, a missing one)."""
     value = get_attr_value(module, node)
     return value if isinstance(value, torch.Tensor) else None
+
+
+def optional_attr_value(module: torch.nn.Module, node: Any) -> Any:
+    """What the ``get_attr`` node ``node`` reads from ``module``, None where ``node`` is None
+    (an absent optional operand such as a bias); ``ValueError`` for any other argument and
+    ``AttributeError`` where the attribute is missing."""
+    if node is None:
+        return None
+    if not (isinstance(node, Node) and node.op == "get_attr"):
+        raise ValueError(f"expected a get_attr node for a constant operand, got {node}")
+    return read_attr(module, str(node.target))
 
 
 def is_call(node: Any, targets: Any) -> bool:

@@ -35,7 +35,7 @@ from ...nn.quantized import reference as nnqr
 from ...nn.quantized.modules.utils import as_output_scale as _as_output_scale
 from ...nn.quantized.modules.utils import as_output_zero_point as _as_output_zero_point
 from ...ops._library import weight_qparams
-from ..._graph import fresh_attr_name, only_user, read_attr
+from ..._graph import fresh_attr_name, only_user, optional_attr_value
 from ..backend_config import BackendConfig
 from ..backend_config.utils import get_root_module_to_quantized_reference_module
 from ..fake_quantize import FakeQuantizeBase
@@ -238,7 +238,7 @@ def run_weight_observers(gm: GraphModule, backend_config: BackendConfig) -> None
         weight = observer_node.args[0]
         if isinstance(weight, Node) and weight.op == "get_attr":
             with torch.no_grad():
-                modules[str(observer_node.target)](_attr_value(gm, weight))
+                modules[str(observer_node.target)](optional_attr_value(gm, weight))
 
 
 def remove_qconfigs(gm: GraphModule) -> None:
@@ -503,8 +503,8 @@ def refresh_qparam_literals(gm: GraphModule) -> bool:
             continue
         scale_node, zp_node, qdtype_name, old_scale, old_zero_point = node.args
         scale_attr, zp_attr = str(scale_node.target), str(zp_node.target)
-        scale = _as_output_scale(_attr_value(gm, scale_node), scale_attr)
-        zero_point = _as_output_zero_point(_attr_value(gm, zp_node),
+        scale = _as_output_scale(optional_attr_value(gm, scale_node), scale_attr)
+        zero_point = _as_output_zero_point(optional_attr_value(gm, zp_node),
                                            (_dt.qdtype_of(qdtype_name),), zp_attr)
         if (scale, zero_point) != (old_scale, old_zero_point):
             node.args = (scale_node, zp_node, qdtype_name, scale, zero_point)
@@ -719,14 +719,6 @@ def _lower_share(gm: GraphModule, node: Node, keep_output_qparams: bool = False)
                                                else dq.args[0])
     _finish(gm, node, quant_out, [dq])
 
-def _attr_value(gm: GraphModule, node: Any) -> Any:
-    if node is None:
-        return None
-    if not (isinstance(node, Node) and node.op == "get_attr"):
-        raise ValueError
-    return read_attr(gm, str(node.target))
-
-
 _FUNCTIONAL_CONVS = {
     F.conv1d: (nnq.Conv1d, nniq.ConvReLU1d),
     F.conv2d: (nnq.Conv2d, nniq.ConvReLU2d),
@@ -768,8 +760,8 @@ def _lower_functional_weighted(gm: GraphModule, modules: dict[str, torch.nn.Modu
         return
     w_quant = w_dq.args[0]
     try:
-        weight = _attr_value(gm, w_quant.args[0])
-        bias = _attr_value(gm, bias_node)
+        weight = optional_attr_value(gm, w_quant.args[0])
+        bias = optional_attr_value(gm, bias_node)
     except ValueError:
         return
     output = _quantized_output(gm, node, modules)
@@ -778,12 +770,12 @@ def _lower_functional_weighted(gm: GraphModule, modules: dict[str, torch.nn.Modu
     relu, tail, quant_out, scale, zp = output
     if w_quant.target is quantize_per_channel:
         _, scales, zps, axis, name = w_quant.args
-        w_q = _quantize_per_channel(weight.detach(), _attr_value(gm, scales),
-                                    _attr_value(gm, zps), axis, _dt.qdtype_of(name))
+        w_q = _quantize_per_channel(weight.detach(), optional_attr_value(gm, scales),
+                                    optional_attr_value(gm, zps), axis, _dt.qdtype_of(name))
     else:
         _, w_scale, w_zp, name = w_quant.args
-        w_q = _quantize_per_tensor(weight.detach(), float(_attr_value(gm, w_scale)),
-                                   int(_attr_value(gm, w_zp)), _dt.qdtype_of(name))
+        w_q = _quantize_per_tensor(weight.detach(), float(optional_attr_value(gm, w_scale)),
+                                   int(optional_attr_value(gm, w_zp)), _dt.qdtype_of(name))
     qlinear = _quantized_module_for_functional(node, weight, bias, relu)
     if qlinear is None:
         return
@@ -867,18 +859,18 @@ def _lower_dynamic_functional_linear(gm: GraphModule, modules: dict[str, torch.n
         return False
     try:
         if w_node.op == "call_function" and w_node.target is round_to_float16:
-            weight = _attr_value(gm, w_node.args[0])
+            weight = optional_attr_value(gm, w_node.args[0])
             w_q = None
             w_nodes = [w_node]
         elif w_node.op == "call_method" and w_node.target == "dequantize" and \
                 _is_quantize(w_node.args[0]):
             w_quant = w_node.args[0]
-            weight = _attr_value(gm, w_quant.args[0])
+            weight = optional_attr_value(gm, w_quant.args[0])
             w_q = _quantized_weight(gm, w_quant, weight)
             w_nodes = [w_node, w_quant]
         else:
             return False
-        bias = _attr_value(gm, bias_node)
+        bias = optional_attr_value(gm, bias_node)
     except ValueError:
         return False
     users = list(node.users)
@@ -921,11 +913,11 @@ def _quantized_weight(gm: GraphModule, w_quant: Node, weight: torch.Tensor) -> A
     """The QTensor weight of a reference ``quantize_per_tensor`` / ``_per_channel`` node."""
     if w_quant.target is quantize_per_channel:
         _, scales, zps, axis, name = w_quant.args
-        return _quantize_per_channel(weight.detach(), _attr_value(gm, scales),
-                                     _attr_value(gm, zps), axis, _dt.qdtype_of(name))
+        return _quantize_per_channel(weight.detach(), optional_attr_value(gm, scales),
+                                     optional_attr_value(gm, zps), axis, _dt.qdtype_of(name))
     _, w_scale, w_zp, name = w_quant.args
-    return _quantize_per_tensor(weight.detach(), float(_attr_value(gm, w_scale)),
-                                int(_attr_value(gm, w_zp)), _dt.qdtype_of(name))
+    return _quantize_per_tensor(weight.detach(), float(optional_attr_value(gm, w_scale)),
+                                int(optional_attr_value(gm, w_zp)), _dt.qdtype_of(name))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1033,7 +1025,7 @@ def _quantize_node_qparams(gm: GraphModule, node: Node) -> Optional[tuple[float,
         return None
     _, scale, zero_point, _ = node.args
     if isinstance(scale, Node):
-        scale, zero_point = _attr_value(gm, scale), _attr_value(gm, zero_point)
+        scale, zero_point = optional_attr_value(gm, scale), optional_attr_value(gm, zero_point)
     return float(scale), int(zero_point)
 
 

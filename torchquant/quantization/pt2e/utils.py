@@ -10,7 +10,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..observer import _is_activation_post_process
-from ..._graph import read_attr
+from ..._graph import optional_attr_value
 
 __all__ = ["fold_bn_into_weighted_ops", "disallow_train_eval", "is_observer_node",
            "set_tensor_attr", "set_graph_train_mode"]
@@ -42,14 +42,6 @@ def set_tensor_attr(model: torch.nn.Module, target: str, value: torch.Tensor,
         owner.register_parameter(name, torch.nn.Parameter(value, requires_grad=value.requires_grad))
     else:
         owner.register_buffer(name, value)
-
-
-def _const(model: GraphModule, node: Optional[Any]) -> Optional[torch.Tensor]:
-    if node is None:
-        return None
-    if not isinstance(node, Node) or node.op != "get_attr":
-        raise ValueError(f"expected a get_attr node for a BN / conv constant, got {node}")
-    return read_attr(model, str(node.target))
 
 
 def _fused_weights(w: torch.Tensor, b: Optional[torch.Tensor], rm: torch.Tensor,
@@ -101,10 +93,8 @@ def fold_bn_into_weighted_ops(model: GraphModule) -> None:
             continue
         bias_node = node.args[2] if len(node.args) > 2 else None
         transpose = _CONV_OPS.get(node.target, False)
-        w = _const(model, weight_node)
-        b = _const(model, bias_node)
-        rm, rv = _const(model, bn.args[3]), _const(model, bn.args[4])
-        bn_w, bn_b = _const(model, bn.args[1]), _const(model, bn.args[2])
+        w, b = optional_attr_value(model, weight_node), optional_attr_value(model, bias_node)
+        bn_w, bn_b, rm, rv = (optional_attr_value(model, a) for a in bn.args[1:5])
         eps = bn.args[_BN_EPS_INDEX[bn.target]]
         groups = node.args[7] if transpose and len(node.args) > 7 else 1
         if transpose and groups != 1:
