@@ -43,6 +43,7 @@ import torch
 
 from ... import affine
 from ... import dtypes as _dt
+from ..._graph import get_attr_tensor
 from ...kernels import elementwise as _kelementwise
 from ...kernels import onednn_exactness as _exactness
 from ...kernels.reference import add_formula
@@ -300,10 +301,10 @@ def _fuse_torchquant_linear(g: Any, node: Any) -> bool:
         return False
     a = fusion._op_arguments(node)
     x, post_op = a["x"], a["post_op"]
-    w = fusion._constant(g.gm, a["weight"])
-    scale = fusion._constant(g.gm, a["weight_scale"])
-    zp = fusion._constant(g.gm, a["weight_zero_point"])
-    bias = fusion._constant(g.gm, a["bias"]) if a["bias"] is not None else None
+    w = get_attr_tensor(g.gm, a["weight"])
+    scale = get_attr_tensor(g.gm, a["weight_scale"])
+    zp = get_attr_tensor(g.gm, a["weight_zero_point"])
+    bias = get_attr_tensor(g.gm, a["bias"]) if a["bias"] is not None else None
     val = x.meta.get("val") if hasattr(x, "meta") else None
     if (val is None or val.dtype != torch.uint8 or val.dim() != 2 or w is None or scale is None
             or zp is None or w.dtype != torch.int8 or bool(zp.ne(0).any())

@@ -42,7 +42,7 @@ import torch
 from torch import fx
 
 from ... import dtypes as _dt
-from ..._graph import fresh_attr_name, get_attr_value
+from ..._graph import fresh_attr_name, get_attr_tensor, is_call, only_user
 from ...kernels import onednn_exactness as _exactness
 from ...kernels import native as _native
 from .packaging_state import native_allowed
@@ -57,19 +57,9 @@ def _tq():
     return torch.ops.torchquant
 
 
-def _is(node: Any, target: Any) -> bool:
-    return isinstance(node, fx.Node) and node.op == "call_function" and node.target is target
-
-
-def _constant(gm: fx.GraphModule, node: Any) -> Optional[torch.Tensor]:
-    """The frozen tensor a ``get_attr`` node reads, else None."""
-    value = get_attr_value(gm, node)
-    return value if isinstance(value, torch.Tensor) else None
-
-
 def _activation(node: Any) -> Optional[tuple]:
     """(uint8 integers node, scale, zero point) of a per-tensor dequantize of quint8 values."""
-    if not _is(node, _tq().dequantize_per_tensor.default):
+    if not is_call(node, _tq().dequantize_per_tensor.default):
         return None
     q = node.args[0]
     val = q.meta.get("val") if isinstance(q, fx.Node) else None
@@ -82,17 +72,17 @@ def _weight(gm: fx.GraphModule, node: Any, axis_wanted: int) -> Optional[tuple]:
     """(int8 weight, float32 per-channel scales, int64 zero points) of a dequantized frozen
     int8 weight (per tensor, or per channel along ``axis_wanted``) with zero zero points."""
     tq = _tq()
-    if _is(node, aten.clone.default):  # the frozen conv weight's layout change
+    if is_call(node, aten.clone.default):  # the frozen conv weight's layout change
         node = node.args[0]
-    if _is(node, tq.dequantize_per_channel.default):
-        w, scale, zp = (_constant(gm, a) for a in node.args[:3])
+    if is_call(node, tq.dequantize_per_channel.default):
+        w, scale, zp = (get_attr_tensor(gm, a) for a in node.args[:3])
         axis = node.args[3] if len(node.args) > 3 else node.kwargs.get("axis")
         if w is None or scale is None or zp is None or axis % w.dim() != axis_wanted:
             return None
         if zp.dtype.is_floating_point:
             return None
-    elif _is(node, tq.dequantize_per_tensor.default):
-        w = _constant(gm, node.args[0])
+    elif is_call(node, tq.dequantize_per_tensor.default):
+        w = get_attr_tensor(gm, node.args[0])
         if w is None:
             return None
         scale = torch.tensor(float(node.args[1]), dtype=torch.float64)
@@ -107,10 +97,6 @@ def _weight(gm: fx.GraphModule, node: Any, axis_wanted: int) -> Optional[tuple]:
     return w.contiguous(), scale, zp
 
 
-def _single_user(node: fx.Node) -> Optional[fx.Node]:
-    return next(iter(node.users)) if len(node.users) == 1 else None
-
-
 def _scalar(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -120,23 +106,23 @@ def _gelu_after(node: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
     decomposition spells it before freezing runs -- ``(y * 0.5) * (1 + erf(y * M_SQRT1_2))``:
     (its input, its last node)."""
     y = node
-    if len(y.users) == 1 and (_is(_single_user(y), aten.view.default)
-                              or _is(_single_user(y), aten.reshape.default)):
-        y = _single_user(y)
+    if len(y.users) == 1 and (is_call(only_user(y), aten.view.default)
+                              or is_call(only_user(y), aten.reshape.default)):
+        y = only_user(y)
     users = list(y.users)
-    if len(users) != 2 or not all(_is(u, aten.mul.Tensor) and len(u.args) == 2 for u in users):
+    if len(users) != 2 or not all(is_call(u, aten.mul.Tensor) and len(u.args) == 2 for u in users):
         return None
     factors = {_scalar(u.args[1]) if u.args[0] is y else None: u for u in users}
     half, root = factors.get(0.5), factors.get(0.7071067811865476)
     if half is None or root is None:
         return None
-    erf = _single_user(root)
-    one = _single_user(erf) if _is(erf, aten.erf.default) else None
-    if not (_is(one, aten.add.Tensor) and one.args[0] is erf and _scalar(one.args[1]) == 1.0):
+    erf = only_user(root)
+    one = only_user(erf) if is_call(erf, aten.erf.default) else None
+    if not (is_call(one, aten.add.Tensor) and one.args[0] is erf and _scalar(one.args[1]) == 1.0):
         return None
-    last = _single_user(one)
-    if not (_is(last, aten.mul.Tensor) and set(last.args) == {half, one}
-            and _single_user(half) is last):
+    last = only_user(one)
+    if not (is_call(last, aten.mul.Tensor) and set(last.args) == {half, one}
+            and only_user(half) is last):
         return None
     return y, last
 
@@ -145,24 +131,24 @@ def _unary(node: Optional[fx.Node]) -> Optional[tuple[str, list, fx.Node]]:
     """oneDNN's name and scalars for a ReLU / hardtanh (ReLU6) starting at ``node``, and the
     node that ends it: inductor's decompositions spell hardtanh as ``clamp_min`` then
     ``clamp_max`` (ReLU as ``clamp_min(x, 0)`` after some passes) before freezing runs."""
-    if _is(node, aten.relu.default):
+    if is_call(node, aten.relu.default):
         return "relu", [], node
-    if _is(node, aten.hardtanh.default):
+    if is_call(node, aten.hardtanh.default):
         lo, hi = (list(node.args[1:3]) + [-1.0, 1.0][len(node.args) - 1:])[:2]
         return "hardtanh", [float(lo), float(hi)], node
-    if _is(node, aten.clamp.default) and len(node.args) == 3 and not node.kwargs:
+    if is_call(node, aten.clamp.default) and len(node.args) == 3 and not node.kwargs:
         lo, hi = _scalar(node.args[1]), _scalar(node.args[2])
         if lo is not None and hi is not None and lo <= hi:
             return "hardtanh", [lo, hi], node
         return None
     first, second = (aten.clamp_min.default, aten.clamp_max.default)
     for a, b in ((first, second), (second, first)):
-        if _is(node, a) and len(node.args) == 2 and not node.kwargs:
+        if is_call(node, a) and len(node.args) == 2 and not node.kwargs:
             bound = _scalar(node.args[1])
             if bound is None:
                 return None
-            nxt = _single_user(node)
-            if _is(nxt, b) and len(nxt.args) == 2 and not nxt.kwargs:
+            nxt = only_user(node)
+            if is_call(nxt, b) and len(nxt.args) == 2 and not nxt.kwargs:
                 other = _scalar(nxt.args[1])
                 if other is None:
                     return None
@@ -182,8 +168,8 @@ class _Tail:
         self.last, self.unary, self.scalars = node, "none", []
         self.other: Optional[tuple] = None
         self.out: Optional[tuple[float, int]] = None
-        user = _single_user(node)
-        if allow_add and _is(user, aten.add.Tensor) and len(user.args) == 2 and not user.kwargs:
+        user = only_user(node)
+        if allow_add and is_call(user, aten.add.Tensor) and len(user.args) == 2 and not user.kwargs:
             a, b = user.args
             candidate = b if a is node else a
             other = _activation(candidate) if candidate is not node else None
@@ -191,12 +177,12 @@ class _Tail:
                     and candidate.meta["val"].shape == node.meta["val"].shape)
             if same:
                 self.last, self.other = user, other
-                user = _single_user(user)
+                user = only_user(user)
         unary = _unary(user)
         if unary is not None and (self.other is None or unary[0] == "relu"):
             self.unary, self.scalars, self.last = unary
-            user = _single_user(self.last)
-        if _is(user, _tq().quantize_per_tensor.default) and user.args[3] == "quint8":
+            user = only_user(self.last)
+        if is_call(user, _tq().quantize_per_tensor.default) and user.args[3] == "quint8":
             self.last, self.out = user, (float(user.args[1]), int(user.args[2]))
 
 
@@ -366,7 +352,7 @@ def _fuse_conv(g: _Graph, node: fx.Node) -> bool:
         return False
     act = _activation(x_arg)
     weight = _weight(g.gm, w_arg, 0)
-    bias = _constant(g.gm, b_arg) if b_arg is not None else None
+    bias = get_attr_tensor(g.gm, b_arg) if b_arg is not None else None
     if act is None or weight is None or (b_arg is not None and bias is None):
         return False
     q_x, x_scale, x_zp = act
@@ -400,9 +386,9 @@ def _fuse_torchquant_conv(g: _Graph, node: fx.Node) -> bool:
     call) as the int8 call its eager kernel makes, the weight prepacked at freezing."""
     a = _op_arguments(node)
     x = a["x"]
-    w = _constant(g.gm, a["weight"])
-    scale, zp = _constant(g.gm, a["weight_scale"]), _constant(g.gm, a["weight_zero_point"])
-    bias = _constant(g.gm, a["bias"]) if a["bias"] is not None else None
+    w = get_attr_tensor(g.gm, a["weight"])
+    scale, zp = get_attr_tensor(g.gm, a["weight_scale"]), get_attr_tensor(g.gm, a["weight_zero_point"])
+    bias = get_attr_tensor(g.gm, a["bias"]) if a["bias"] is not None else None
     val = x.meta.get("val") if isinstance(x, fx.Node) else None
     post_op, other = a["post_op"], a["other"]
     if (val is None or val.dtype != torch.uint8 or val.dim() != 4 or w is None or scale is None
@@ -426,9 +412,9 @@ def _fuse_torchquant_conv(g: _Graph, node: fx.Node) -> bool:
 
 def _linear_operands(node: fx.Node) -> Optional[tuple]:
     """(x, transposed weight, bias or None) of an ``addmm`` / ``mm`` node."""
-    if _is(node, aten.addmm.default) and len(node.args) == 3 and not node.kwargs:
+    if is_call(node, aten.addmm.default) and len(node.args) == 3 and not node.kwargs:
         return node.args[1], node.args[2], node.args[0]
-    if _is(node, aten.mm.default):
+    if is_call(node, aten.mm.default):
         return node.args[0], node.args[1], None
     return None
 
@@ -438,11 +424,11 @@ def _dynamic_activation(node: Any) -> Optional[tuple]:
     graph (dynamic quantization) as inductor decomposes it: ``(float(q) - zp) * float(scale)``
     with ``q`` uint8 and ``scale`` / ``zp`` 0-d float / integer tensors."""
     convert = prims.convert_element_type.default
-    if not (_is(node, aten.mul.Tensor) and len(node.args) == 2):
+    if not (is_call(node, aten.mul.Tensor) and len(node.args) == 2):
         return None
     sub, scale_f = node.args
-    if not (_is(sub, aten.sub.Tensor) and len(sub.args) == 2 and not sub.kwargs
-            and _is(scale_f, convert) and _is(sub.args[0], convert)):
+    if not (is_call(sub, aten.sub.Tensor) and len(sub.args) == 2 and not sub.kwargs
+            and is_call(scale_f, convert) and is_call(sub.args[0], convert)):
         return None
     q, scale, zp = sub.args[0].args[0], scale_f.args[0], sub.args[1]
     vals = [n.meta.get("val") if isinstance(n, fx.Node) else None for n in (q, scale, zp)]
@@ -459,7 +445,7 @@ def _dynamic_activation(node: Any) -> Optional[tuple]:
 def _dynamic_source(x: Any) -> Optional[tuple]:
     """:func:`_dynamic_activation` of a linear's input, seen through the view to 2-D that
     inductor puts between them for a 3-D input."""
-    if _is(x, aten.view.default) or _is(x, aten.reshape.default):
+    if is_call(x, aten.view.default) or is_call(x, aten.reshape.default):
         x = x.args[0]
     return _dynamic_activation(x)
 
@@ -475,10 +461,10 @@ def _fuse_linear(g: _Graph, node: fx.Node) -> bool:
     if operands is None:
         return False
     x_arg, wt_arg, b_arg = operands
-    if not (_is(wt_arg, aten.permute.default) and list(wt_arg.args[1]) == [1, 0]):
+    if not (is_call(wt_arg, aten.permute.default) and list(wt_arg.args[1]) == [1, 0]):
         return False
     weight = _weight(g.gm, wt_arg.args[0], 0)
-    bias = _constant(g.gm, b_arg) if b_arg is not None else None
+    bias = get_attr_tensor(g.gm, b_arg) if b_arg is not None else None
     if weight is None or (b_arg is not None and (bias is None or bias.dim() != 1)):
         return False
     w, w_scale, w_zp = weight
@@ -552,7 +538,7 @@ def _pool_integers(g: _Graph, node: fx.Node) -> bool:
     full storage range follows, the dequantize / quantize pair goes too (it is the identity on
     the integers for scales of normal float32 magnitude), leaving the integer pool alone."""
     dq = node.args[0]
-    if not (_is(dq, _tq().dequantize_per_tensor.default) and len(dq.args) == 3
+    if not (is_call(dq, _tq().dequantize_per_tensor.default) and len(dq.args) == 3
             and not dq.kwargs):
         return False
     q_in, scale, zp = dq.args
@@ -563,7 +549,7 @@ def _pool_integers(g: _Graph, node: fx.Node) -> bool:
             or not 0.0 < float(scale) < math.inf or not isinstance(zp, int)):
         return False
     users = list(node.users)
-    if not all(_is(u, operator.getitem) and u.args[1] == 0 for u in users) or len(users) != 1:
+    if not all(is_call(u, operator.getitem) and u.args[1] == 0 for u in users) or len(users) != 1:
         return False    # the indices are used (or the values twice): leave the float pool
     values = users[0]
     graph = node.graph
@@ -572,9 +558,9 @@ def _pool_integers(g: _Graph, node: fx.Node) -> bool:
         ints = graph.call_function(operator.getitem, (pooled, 0))
     ints.meta["val"] = _fake_like(values.meta["val"], val.dtype, torch.preserve_format)
     pooled.meta["val"] = (ints.meta["val"], *node.meta["val"][1:])
-    after = _single_user(values)
+    after = only_user(values)
     info = torch.iinfo(val.dtype)
-    if (_is(after, _tq().quantize_per_tensor.default) and len(after.args) >= 4
+    if (is_call(after, _tq().quantize_per_tensor.default) and len(after.args) >= 4
             and float(after.args[1]) == float(scale) and after.args[2] == zp
             and 1e-30 < float(scale) < 1e30):
         qdtype = _dt.qdtype_of(after.args[3])
@@ -607,7 +593,7 @@ def _erase_dead(node: fx.Node) -> None:
 def _fold(gm: fx.GraphModule, node: fx.Node) -> bool:
     """Replace a dequantize of frozen constants by its float value (what torch's constant
     folding, told to leave these for the fusions, would have made of it)."""
-    args = [(_constant(gm, a) if isinstance(a, fx.Node) else a) for a in node.args]
+    args = [(get_attr_tensor(gm, a) if isinstance(a, fx.Node) else a) for a in node.args]
     if any(a is None for a, raw in zip(args, node.args) if isinstance(raw, fx.Node)):
         return False
     node.replace_all_uses_with(_Graph(gm).constant(node.target(*args), node,
@@ -651,7 +637,7 @@ def _always(match: Any) -> bool:
 def _weight_is_frozen(match: Any) -> bool:
     node = match.output_node()
     gm = node.graph.owning_module
-    return gm is not None and _constant(gm, node.args[0]) is not None
+    return gm is not None and get_attr_tensor(gm, node.args[0]) is not None
 
 
 def register() -> None:
