@@ -13,10 +13,10 @@ import torch as _torch
 from .dtypes import (QDType, QScheme, per_channel_affine, per_channel_affine_float_qparams,
                      per_channel_symmetric, per_tensor_affine, per_tensor_symmetric, qint8, qint32,
                      quint2x4, quint4x2, quint8, to_qdtype, to_qscheme)
-from .qtensor import QTensor, _rebuild_qtensor
-from .tensor_functions import (dequantize, fake_quantize_per_channel_affine,
-                               fake_quantize_per_tensor_affine, quantize_per_channel,
-                               quantize_per_tensor, quantize_per_tensor_dynamic)
+from .tensor import (QTensor, dequantize, fake_quantize_per_channel_affine,
+                     fake_quantize_per_tensor_affine, quantize_per_channel, quantize_per_tensor,
+                     quantize_per_tensor_dynamic)
+from .tensor.qtensor import _rebuild_qtensor
 from . import dtypes as _dtypes
 
 __version__ = "0.1.0"
@@ -36,8 +36,6 @@ __all__ = [
     "quantize_per_tensor", "quantize_per_channel", "dequantize", "quantize_per_tensor_dynamic",
     "fake_quantize_per_tensor_affine", "fake_quantize_per_channel_affine",
 ]
-
-from . import _qtensor_ops as _qtensor_ops  # noqa: E402,F401  (QTensor torch.* ops)
 
 __all__ += ["compile", "export_package", "load"]
 

@@ -25,7 +25,7 @@ from torchquant import kernels
 from torchquant.examples import digits
 from torchquant.ops import binary as ops_binary
 from torchquant.ops import pooling
-from torchquant.qtensor import QTensor
+from torchquant.tensor import QTensor
 
 
 class SubQTensor(QTensor):

@@ -36,7 +36,7 @@ from torchquant.kernels.packed_linear import pack_linear_weight
 from torchquant.kernels.post_ops import POST_OPS, post_op_of
 from torchquant.ops import conv as ops_conv
 from torchquant.ops import linear as ops_linear
-from torchquant.qtensor import QTensor
+from torchquant.tensor import QTensor
 
 from conftest import assert_equal_but_ties
 

@@ -16,7 +16,7 @@ import torch.ao.quantization.quantize_fx as ao_fx
 from torch.ao.quantization.fx import custom_config as ao_cc
 
 import torchquant
-from torchquant.qtensor import QTensor
+from torchquant.tensor import QTensor
 from torchquant.quantization import quantize_fx
 from torchquant.quantization.fx import custom_config as tq_cc
 from torchquant.quantization.qconfig import get_default_qconfig_mapping

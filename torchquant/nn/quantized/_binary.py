@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ...qtensor import QTensor
+from ...tensor.qtensor import QTensor
 from ...ops import binary as _ops_binary
-from ..._validation import require_per_tensor, require_quantized
+from ...tensor.validation import require_per_tensor, require_quantized
 
 __all__ = ["add", "mul", "add_scalar", "mul_scalar", "cat", "matmul", "prelu"]
 

@@ -9,8 +9,8 @@ import torch
 
 from ... import dtypes as _dt
 from ...ops import conv as ops_conv
-from ...qtensor import QTensor
-from ..._validation import require_quantized
+from ...tensor.qtensor import QTensor
+from ...tensor.validation import require_quantized
 
 __all__ = ["conv1d", "conv2d", "conv3d"]
 

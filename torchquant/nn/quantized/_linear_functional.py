@@ -7,8 +7,8 @@ from typing import Optional
 import torch
 
 from ...ops import linear as ops_linear
-from ...qtensor import QTensor
-from ..._validation import require_quantized
+from ...tensor.qtensor import QTensor
+from ...tensor.validation import require_quantized
 
 __all__ = ["linear"]
 

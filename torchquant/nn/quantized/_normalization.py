@@ -8,8 +8,8 @@ from typing import Optional, Sequence
 import torch
 
 from ...ops import normalization as _ops_norm
-from ...qtensor import QTensor
-from ..._validation import require_quantized
+from ...tensor.qtensor import QTensor
+from ...tensor.validation import require_quantized
 
 __all__ = ["batch_norm", "layer_norm", "group_norm", "instance_norm", "softmax"]
 

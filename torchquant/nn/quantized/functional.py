@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...ops import pooling
-from ...qtensor import QTensor
-from ... import _qtensor_pointwise as _pointwise
-from ..._validation import require_quantized
+from ...tensor.qtensor import QTensor
+from ...tensor import pointwise as _pointwise
+from ...tensor.validation import require_quantized
 
 __all__ = [
     "avg_pool2d", "avg_pool3d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "interpolate",

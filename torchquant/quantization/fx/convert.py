@@ -19,9 +19,9 @@ from torch.fx import GraphModule, Node
 from torch.fx.operator_schemas import normalize_function
 
 from ... import dtypes as _dt
-from ...tensor_functions import quantize_per_channel as _quantize_per_channel
-from ...tensor_functions import quantize_per_tensor as _quantize_per_tensor
-from ...tensor_functions import quantize_per_tensor_dynamic as _quantize_per_tensor_dynamic
+from ...tensor.functions import quantize_per_channel as _quantize_per_channel
+from ...tensor.functions import quantize_per_tensor as _quantize_per_tensor
+from ...tensor.functions import quantize_per_tensor_dynamic as _quantize_per_tensor_dynamic
 from ...nn import intrinsic as nni
 from ...nn.intrinsic import quantized as nniq
 from ...nn import quantized as nnq

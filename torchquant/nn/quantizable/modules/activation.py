@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ....qtensor import QTensor
-from ....tensor_functions import quantize_per_tensor
+from ....tensor.qtensor import QTensor
+from ....tensor.functions import quantize_per_tensor
 from ... import _workflow
 from ...float_functional import FloatFunctional
 from ...stubs import DeQuantStub, QuantStub

@@ -18,8 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from .... import dtypes as _dt
-from ....qtensor import QTensor
-from ....tensor_functions import quantize_per_tensor
+from ....tensor.qtensor import QTensor
+from ....tensor.functions import quantize_per_tensor
 from ... import _workflow
 from ...float_functional import FloatFunctional
 

@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 
 from .... import dtypes as _dt
-from ....qtensor import QTensor
-from ....tensor_functions import quantize_per_tensor
-from .... import _qtensor_pointwise as _pointwise
+from ....tensor.qtensor import QTensor
+from ....tensor.functions import quantize_per_tensor
+from ....tensor import pointwise as _pointwise
 from .. import _binary, _normalization
 from .. import functional as qF
-from ...._validation import require_quantized
+from ....tensor.validation import require_quantized
 from .utils import OutputQParams
 
 __all__ = ["ReLU6", "Hardswish", "ELU", "LeakyReLU", "Sigmoid", "Softmax", "PReLU"]

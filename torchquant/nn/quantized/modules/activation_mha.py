@@ -17,8 +17,8 @@ from ... import _workflow
 from ... import quantizable as _nnqa
 from .... import affine
 from .... import dtypes as _dt
-from ....qtensor import QTensor
-from ....tensor_functions import quantize_per_tensor
+from ....tensor.qtensor import QTensor
+from ....tensor.functions import quantize_per_tensor
 from .functional_modules import QFunctional
 from .linear import Linear
 from .stubs import DeQuantize, Quantize

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ....qtensor import QTensor
+from ....tensor.qtensor import QTensor
 from .. import _normalization
-from ...._validation import require_quantized
+from ....tensor.validation import require_quantized
 from .utils import OutputQParams
 
 __all__ = ["BatchNorm2d", "BatchNorm3d"]

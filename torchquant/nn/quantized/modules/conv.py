@@ -20,10 +20,10 @@ from torch import nn
 from .... import dtypes as _dt
 from ....ops import conv as ops_conv
 from ....ops._library import kernel_mode
-from ....qtensor import QTensor, new_qtensor
-from ....tensor_functions import quantize_per_channel, quantize_per_tensor
+from ....tensor.qtensor import QTensor, new_qtensor
+from ....tensor.functions import quantize_per_channel, quantize_per_tensor
 from ...intrinsic.modules import fused as _fused
-from ...._validation import require_quantized
+from ....tensor.validation import require_quantized
 from .utils import OutputQParams, quantize_weight
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",

@@ -30,8 +30,8 @@ from torch import nn
 
 from .... import dtypes as _dt
 from ....ops import embedding as ops_embedding
-from ....qtensor import QTensor
-from ....tensor_functions import quantize_per_channel
+from ....tensor.qtensor import QTensor
+from ....tensor.functions import quantize_per_channel
 from ... import _workflow
 from ...qat.modules.embedding_ops import Embedding as QATEmbedding
 from .utils import NotScriptable, quantize_weight

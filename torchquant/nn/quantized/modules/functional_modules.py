@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ....qtensor import QTensor
+from ....tensor.qtensor import QTensor
 from ...float_functional import FloatFunctional, FXFloatFunctional, _no_forward
 from .. import _binary
 from .utils import OutputQParams

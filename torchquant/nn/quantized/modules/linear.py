@@ -15,8 +15,8 @@ import torch
 from .... import dtypes as _dt
 from ....ops import linear as ops_linear
 from ....ops._library import kernel_mode
-from ....qtensor import QTensor, new_qtensor
-from ...._validation import require_quantized
+from ....tensor.qtensor import QTensor, new_qtensor
+from ....tensor.validation import require_quantized
 from ...intrinsic.modules import fused as _fused
 from .utils import (NotScriptable, OutputQParams, observed_output_qparams, quantize_weight,
                     weight_observer_of)

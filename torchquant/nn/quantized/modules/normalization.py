@@ -11,9 +11,9 @@ from typing import Optional
 
 import torch
 
-from ....qtensor import QTensor
+from ....tensor.qtensor import QTensor
 from .. import _normalization
-from ...._validation import require_quantized
+from ....tensor.validation import require_quantized
 from .utils import OutputQParams
 
 __all__ = ["LayerNorm", "GroupNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"]

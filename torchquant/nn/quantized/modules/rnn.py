@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from ... import _workflow
 from ...quantizable.modules import rnn as _qa_rnn
-from ...._validation import require_quantized
+from ....tensor.validation import require_quantized
 from .functional_modules import FloatFunctional, QFunctional
 from .linear import Linear
 

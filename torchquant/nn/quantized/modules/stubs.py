@@ -8,8 +8,8 @@ import torch
 from .... import dtypes as _dt
 from .... import affine
 from ....ops import quantize as ops_quantize
-from ....qtensor import QTensor, new_qtensor, shared_qparams
-from ....tensor_functions import dequantize, quantize_per_tensor
+from ....tensor.qtensor import QTensor, new_qtensor, shared_qparams
+from ....tensor.functions import dequantize, quantize_per_tensor
 from .utils import NotScriptable, OutputQParams
 
 __all__ = ["Quantize", "DeQuantize"]

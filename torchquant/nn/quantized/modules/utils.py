@@ -10,8 +10,8 @@ from typing import Any, ClassVar, Optional, Sequence
 import torch
 
 from .... import dtypes as _dt
-from ....qtensor import QTensor, torchscript_unsupported
-from ....tensor_functions import quantize_per_channel, quantize_per_tensor
+from ....tensor.qtensor import QTensor, torchscript_unsupported
+from ....tensor.functions import quantize_per_channel, quantize_per_tensor
 
 __all__ = ["quantize_weight", "observed_output_qparams", "weight_observer_of", "OutputQParams",
            "as_output_scale", "as_output_zero_point"]

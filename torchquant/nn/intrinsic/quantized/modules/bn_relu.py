@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .....qtensor import QTensor
+from .....tensor.qtensor import QTensor
 from ....quantized.modules.batchnorm import BatchNorm2d, BatchNorm3d
 
 __all__ = ["BNReLU2d", "BNReLU3d"]

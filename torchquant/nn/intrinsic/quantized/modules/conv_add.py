@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .....qtensor import QTensor
+from .....tensor.qtensor import QTensor
 from ...modules import fused as nni
-from ....._validation import require_quantized
+from .....tensor.validation import require_quantized
 from ....quantized.modules.conv import Conv2d
 
 __all__ = ["ConvAdd2d", "ConvAddReLU2d"]

@@ -26,7 +26,7 @@ import torch
 from ..... import dtypes as _dt
 from .....ops import linear as ops_linear
 from .....ops import linear_fp16 as ops_linear_fp16
-from .....qtensor import QTensor
+from .....tensor.qtensor import QTensor
 from ...modules import linear as _nnq_linear
 from ...modules.utils import quantize_weight
 from .... import _workflow

@@ -35,7 +35,7 @@ from ..... import dtypes as _dt
 from .....ops import linear as ops_linear
 from .....ops import linear_fp16 as ops_linear_fp16
 from .....ops import rnn as ops_rnn
-from .....qtensor import QTensor
+from .....tensor.qtensor import QTensor
 from ...modules.utils import NotScriptable
 from .linear import (dynamic_weight_observer, quantize_dynamic_weight, to_float16_weight,
                      weight_dtype_of)

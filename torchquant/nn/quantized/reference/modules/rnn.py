@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from ..... import dtypes as _dt
-from .....qtensor import QTensor
+from .....tensor.qtensor import QTensor
 from .utils import ReferenceQuantizedModule, default_weight_qparams
 
 __all__ = ["RNNCell", "LSTMCell", "GRUCell", "LSTM", "GRU"]

@@ -12,8 +12,8 @@ from typing import Any, Optional, Union
 import torch
 
 from ..... import dtypes as _dt
-from .....qtensor import QTensor
-from .....tensor_functions import quantize_per_channel, quantize_per_tensor
+from .....tensor.qtensor import QTensor
+from .....tensor.functions import quantize_per_channel, quantize_per_tensor
 
 __all__ = ["ReferenceQuantizedModule"]
 

@@ -15,10 +15,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from . import affine
-from . import dtypes as _dt
-from .dtypes import QDType, QScheme
-from .ops import quantize as ops_quantize
+from .. import affine
+from .. import dtypes as _dt
+from ..dtypes import QDType, QScheme
+from ..ops import quantize as ops_quantize
 
 __all__ = ["QTensor"]
 

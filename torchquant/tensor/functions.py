@@ -8,12 +8,12 @@ from typing import Any, Sequence, Union
 
 import torch
 
-from . import affine
-from . import dtypes as _dt
-from .ops import fake_quantize as ops_fake_quantize
-from .ops import quantize as ops_quantize
-from .ops import quantize_dynamic as ops_quantize_dynamic
-from .ops._library import plain_eager
+from .. import affine
+from .. import dtypes as _dt
+from ..ops import fake_quantize as ops_fake_quantize
+from ..ops import quantize as ops_quantize
+from ..ops import quantize_dynamic as ops_quantize_dynamic
+from ..ops._library import plain_eager
 from .qtensor import QTensor, _normalise_qparams, new_qtensor, shared_qparams
 
 __all__ = ["quantize_per_tensor", "quantize_per_channel", "dequantize",

@@ -23,12 +23,12 @@ import torch
 
 import torch.nn.functional as F
 
-from . import dtypes as _dt
-from .ops import pooling
-from .ops import quantize as ops_quantize
+from .. import dtypes as _dt
+from ..ops import pooling
+from ..ops import quantize as ops_quantize
 from .qtensor import _OPS, QTensor, _implements, _implements_function, _refresh_metadata
-from . import _qtensor_pointwise as _pointwise
-from ._validation import require_per_tensor
+from . import pointwise as _pointwise
+from .validation import require_per_tensor
 
 aten = torch.ops.aten
 

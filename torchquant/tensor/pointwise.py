@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .ops import activation
-from .ops.activation import fixed_qparams
+from ..ops import activation
+from ..ops.activation import fixed_qparams
 from .qtensor import QTensor
 
 __all__ = ["store_inplace", "clamp", "sigmoid", "tanh", "hardsigmoid", "hardswish", "elu",
