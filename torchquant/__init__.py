@@ -17,15 +17,21 @@ from .tensor import (QTensor, dequantize, fake_quantize_per_channel_affine,
                      fake_quantize_per_tensor_affine, quantize_per_channel, quantize_per_tensor,
                      quantize_per_tensor_dynamic)
 from .tensor.qtensor import _rebuild_qtensor
+from . import qtensor as qtensor  # noqa: F401  (compatibility paths, see their docstrings)
+from . import tensor_functions as tensor_functions  # noqa: F401
 from . import dtypes as _dtypes
 
 __version__ = "0.1.0"
 
 _logging.getLogger("torchquant").addHandler(_logging.NullHandler())
 
-# Let torch.load(weights_only=True) rebuild our tensors and dtype/qscheme objects.
+# Let torch.load(weights_only=True) rebuild our tensors and dtype/qscheme objects.  Files saved
+# before QTensor moved into torchquant.tensor name it by its old module, torchquant.qtensor
+# (still importable): both paths are allowed.
 _torch.serialization.add_safe_globals([
     QTensor, _rebuild_qtensor, QDType, QScheme, _dtypes._qdtype_by_name, _dtypes._qscheme_by_name,
+    (QTensor, "torchquant.qtensor.QTensor"),
+    (_rebuild_qtensor, "torchquant.qtensor._rebuild_qtensor"),
 ])
 
 __all__ = [
