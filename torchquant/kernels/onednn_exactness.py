@@ -141,10 +141,14 @@ def int_mm_exact_on_cpu() -> bool:
     """Whether ``torch._int_mm`` is exact on this CPU for all int8 operands.  ATen runs it on
     oneDNN where it sees AVX-512 VNNI, else on its own loop; oneDNN held below VNNI
     (``ONEDNN_MAX_CPU_ISA=AVX2`` on a VNNI CPU) then computes s8 x s8 as (s8 + 128) x s8 with
-    saturating int16 pairs.  Measured once on edge values, as :func:`onednn_u8_exact_max`."""
+    saturating int16 pairs.  Measured once on edge values, as :func:`onednn_u8_exact_max`, with
+    any tracing mode set aside: the first question may come from inside a trace (a
+    decomposition while ``torch.export`` / AOTInductor traces), where the probe's real tensors
+    would meet the trace's proxy mode, fail, and cache "inexact" for the process."""
+    from torch.utils._python_dispatch import _disable_current_modes
     k = 64
     try:
-        with torch.no_grad():
+        with _disable_current_modes(), torch.no_grad():
             for x_value, w_value in ((127, 127), (127, -128), (-128, -128)):
                 x = torch.full((32, k), x_value, dtype=torch.int8)
                 w = torch.full((k, 16), w_value, dtype=torch.int8)
