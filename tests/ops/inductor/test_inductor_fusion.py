@@ -323,6 +323,16 @@ def test_max_pool_with_indices_used_stays_float():
     assert _pools(nodes) == [torch.float32]
 
 
+def test_integer_pool_rule_is_inductors_lowering_rule():
+    """fusion.integer_max_pool_lowered follows inductor's own choice between its loop and
+    ATen's kernel (a torch upgrade that moves the threshold fails here, not in a model)."""
+    from torch._inductor.lowering import should_fallback_max_pool_with_indices
+    from torchquant.ops.inductor import fusion
+    for kernel in ([2, 2], [3, 3], [5, 5], [5, 6], [6, 6], [1, 25], [2, 13], [7, 7], 3, [4]):
+        assert fusion.integer_max_pool_lowered(kernel) == (
+            not should_fallback_max_pool_with_indices(kernel, n_dim=2)), kernel
+
+
 def test_max_pool_inductor_hands_to_aten_stays_float():
     """A window of more than 25 elements inductor hands to ATen's kernel, whose 8-bit
     channels-last max pool rejects this shape (a torch bug): the pool stays in float."""
