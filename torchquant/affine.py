@@ -41,7 +41,7 @@ __all__ = [
     "dequantize_block_operands", "quantize_block", "dequantize_block", "group_block_size",
     "fake_quantize", "fake_quantize_with_mask", "fake_quantize_args", "fake_quantize_ste",
     "fake_quantize_learnable", "pack_sub_byte", "unpack_sub_byte", "inv_scale_f32",
-    "round_to_float32",
+    "round_to_float32", "inv_scale_float32",
     "check_scale", "check_zero_point", "quantize_mode",
     "choose_qparams_aten_scalar", "requantize",
     "dequantize_int_premul", "quantize_with_multiplier", "quantize_float64", "quantize_scalar",
@@ -61,6 +61,13 @@ def round_to_float32(value: float) -> float:
         return struct.unpack("f", struct.pack("f", value))[0]
     except OverflowError:
         return math.copysign(math.inf, value)
+
+
+def inv_scale_float32(scale: float) -> float:
+    """:func:`inv_scale_f32` of a Python scale, as a Python float: the float32 reciprocal of
+    the float32 scale (the float32 quotient of float32 operands is the float32 rounding of
+    their exact double quotient)."""
+    return round_to_float32(1.0 / round_to_float32(scale))
 
 
 # --------------------------------------------------------------------------------------------
@@ -922,7 +929,7 @@ def quantize_scalar(value: float, scale: float, zero_point: int, qmin: int, qmax
                     mode: str = MUL_ADD) -> int:
     """:func:`quantize_int` of one Python float, in Python (float32 steps emulated exactly):
     for the bounds and constants that kernels quantize once per call."""
-    inv = round_to_float32(1.0 / round_to_float32(scale))
+    inv = inv_scale_float32(scale)
     product = round_to_float32(round_to_float32(value) * inv)
     if mode == ROUND_ADD:
         y = round(product) + zero_point if math.isfinite(product) else product

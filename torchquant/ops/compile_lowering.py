@@ -74,12 +74,6 @@ def _f32_tensor(value: float, device: torch.device) -> torch.Tensor:
     return torch.tensor(affine.round_to_float32(value), dtype=torch.float32, device=device)
 
 
-def _inv_scale(scale: float) -> float:
-    """:func:`affine.inv_scale_f32` of a Python scale, as a Python number (the float32 quotient
-    of float32 operands is the float32 rounding of their exact double quotient)."""
-    return affine.round_to_float32(1.0 / affine.round_to_float32(scale))
-
-
 # ---- conv on saturating CPUs -----------------------------------------------------------------
 
 def conv(x: torch.Tensor, x_scale: float, x_zero_point: int, packed: _kconv.PackedConvWeight,
@@ -97,7 +91,7 @@ def conv(x: torch.Tensor, x_scale: float, x_zero_point: int, packed: _kconv.Pack
     if relu:
         y = torch.relu(y)
     mode = affine.quantize_mode(_dt.quint8, per_channel=False)
-    out = quantize_formula(y, _f32_tensor(_inv_scale(out_scale), x.device),
+    out = quantize_formula(y, _f32_tensor(affine.inv_scale_float32(out_scale), x.device),
                            _f32_tensor(float(out_zero_point), x.device), _dt.quint8.qmin,
                            _dt.quint8.qmax, torch.uint8, mode, fma=_fma)
     layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(out.dim(),
@@ -129,6 +123,6 @@ def add(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: fl
     a_s, b_s = affine.round_to_float32(a_scale), affine.round_to_float32(b_scale)
     operands = (_f32_tensor(a_s, device), _f32_tensor(a_s * -float(a_zp), device),
                 _f32_tensor(b_s, device), _f32_tensor(b_s * -float(b_zp), device),
-                _f32_tensor(_inv_scale(out_scale), device), _f32_tensor(float(out_zp), device))
+                _f32_tensor(affine.inv_scale_float32(out_scale), device), _f32_tensor(float(out_zp), device))
     return add_formula(a, b, *operands, qdtype.qmin, qdtype.qmax, qdtype.storage_dtype, relu,
                        fma=_fma)

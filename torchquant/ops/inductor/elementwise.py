@@ -67,7 +67,7 @@ def _quantize_per_tensor(x: Any, scale: float, zero_point: int, qdtype: str,
             or affine.quantize_mode(q, per_channel=False) != affine.FMA):
         return _fallback(torch.ops.torchquant.quantize_per_tensor.default, x, scale, zero_point,
                          qdtype, rounding)
-    inv = affine.round_to_float32(1.0 / affine.round_to_float32(scale))
+    inv = affine.inv_scale_float32(scale)
     load = x.make_loader()
     return _pointwise(x, q.storage_dtype, lambda idx: _quantize_8bit_values(
         load(idx), inv, int(zero_point), q.qmin, q.qmax, q.storage_dtype, decomposed))

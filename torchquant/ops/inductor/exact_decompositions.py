@@ -178,7 +178,7 @@ def add(a: torch.Tensor, a_scale: float, a_zero_point: int, b: torch.Tensor, b_s
     a_s, b_s = affine.round_to_float32(a_scale), affine.round_to_float32(b_scale)
     out = add_formula(a, b, f32(a_s), f32(a_s * -float(a_zero_point)), f32(b_s),
                       f32(b_s * -float(b_zero_point)),
-                      f32(affine.round_to_float32(1.0 / affine.round_to_float32(out_scale))),
+                      f32(affine.inv_scale_float32(out_scale)),
                       f32(float(out_zero_point)),
                       qd.qmin, qd.qmax, qd.storage_dtype, post_op == "relu", fma=_fma)
     return out.contiguous(memory_format=_layout_of(a))
