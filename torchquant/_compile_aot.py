@@ -27,7 +27,7 @@ import torch.utils._pytree as pytree
 from torch._inductor import aoti_compile_and_package, aoti_load_package
 
 from ._log import emit
-from ._package import _TORCHQUANT_CALL, _generated_code
+from ._package import generated_code, torchquant_ops_called
 from .ops.inductor import exact_decompositions
 from .ops.inductor import fusion as _fusion
 
@@ -142,8 +142,7 @@ class AOTCompiledModel(torch.nn.Module):
                 with exact_decompositions.packaging(program.graph, in_process=True):
                     aoti_compile_and_package(program, package_path=path,
                                              inductor_configs=configs)
-            python_ops = sorted({op for text in _generated_code(path).values()
-                                 for op in _TORCHQUANT_CALL.findall(text)})
+            python_ops = torchquant_ops_called(generated_code(path))
             if python_ops:
                 raise RuntimeError("ops with no C++ implementation left in the graph: "
                                    + ", ".join(f"torchquant::{op}" for op in python_ops))

@@ -92,11 +92,17 @@ def _export(model: Any, example: tuple, dynamic_batch: bool) -> torch.export.Exp
                                f"dynamic_batch=False for a fixed batch size") from e
 
 
-def _generated_code(path: str) -> dict[str, str]:
-    """The package's generated sources and extern-call tables, by archive name."""
+def generated_code(path: str) -> dict[str, str]:
+    """An AOTInductor package's generated sources and extern-call tables, by archive name."""
     with zipfile.ZipFile(path) as z:
         return {name: z.read(name).decode("utf-8", errors="replace") for name in z.namelist()
                 if name.endswith((".cpp", ".h", ".json")) and "/aotinductor/" in name}
+
+
+def torchquant_ops_called(sources: dict[str, str]) -> list[str]:
+    """The ``torchquant::`` ops the generated code calls (each a call back into Python): the
+    names, sorted."""
+    return sorted({op for text in sources.values() for op in _TORCHQUANT_CALL.findall(text)})
 
 
 def _node_names(ep: torch.export.ExportedProgram, op_name: str) -> list[str]:
@@ -113,7 +119,7 @@ def _node_names(ep: torch.export.ExportedProgram, op_name: str) -> list[str]:
 
 
 def _check_no_torchquant(sources: dict[str, str], ep: torch.export.ExportedProgram) -> None:
-    surviving = sorted({op for text in sources.values() for op in _TORCHQUANT_CALL.findall(text)})
+    surviving = torchquant_ops_called(sources)
     if not surviving:
         return
     parts = []
@@ -177,7 +183,7 @@ def export_package(model: Any, example_inputs: Union[torch.Tensor, Sequence[Any]
     with tempfile.TemporaryDirectory(dir=folder, prefix=".torchquant-package-") as tmpdir:
         built = os.path.join(tmpdir, "model.pt2")
         _compile(ep, built)
-        sources = _generated_code(built)
+        sources = generated_code(built)
         _check_no_torchquant(sources, ep)
         _add_marker(built, sources, dynamic_batch)
 
