@@ -10,7 +10,9 @@ hardtanh / add / add+relu) -> quantize into oneDNN int8 calls with their weights
 freezing; quantize / dequantize left over become fused C++
 (:mod:`torchquant.ops.inductor.elementwise`).  No Python runs per op in those parts of the
 compiled forward.  (For eager / FX models the pass rewrites their ``torchquant::conv`` calls,
-whose weights freezing has made constants.)
+whose weights freezing has made constants.)  In these graphs, and only these, ATen's CPU flash
+attention of short sequences becomes torchquant's native float32 attention
+(:mod:`torchquant.ops.inductor.attention`).
 
 Elsewhere (oneDNN saturates u8 x s8 pairs; another backend or a ``mode``) a PT2E model is first
 lowered (:func:`torchquant.quantization.pt2e.lowering.lower_pt2e`: each dequantize -> conv /
@@ -31,6 +33,7 @@ from torch.fx import GraphModule
 
 from ._compile_aot import AOTCompiledModel
 from .ops import linear as _ops_linear
+from .ops.inductor import packaging_state
 from .quantization.pt2e.lowering import lower_pt2e
 
 __all__ = ["compile"]
@@ -147,7 +150,8 @@ def _traced_for_freezing(forward: Callable,
                 _inductor_config.freezing = True
             _freezing_calls[0] += 1
         try:
-            return forward(*args, **kwargs)
+            with packaging_state.torchquant_compile():
+                return forward(*args, **kwargs)
         finally:
             with _freezing_lock:
                 _freezing_calls[0] -= 1

@@ -44,7 +44,8 @@ from ..registry import implementations, register
 __all__ = ["available", "describe", "isa", "amx", "exact_u8", "force_isa", "pack",
            "conv_preferred", "conv_preferred_any_batch", "native_max_batch",
            "conv_output_size", "dynamic_linear",
-           "static_linear", "lstm_sequence", "gru_sequence", "quantized_add", "quantize"]
+           "static_linear", "lstm_sequence", "gru_sequence", "quantized_add", "quantize",
+           "attention_lanes"]
 
 _LIBRARY = Path(__file__).with_name("_C.so")
 _state: dict[str, Any] = {}
@@ -100,6 +101,13 @@ def _register_fakes() -> None:
           other_scale, other_zp, unary, scalars, out_scale, out_zp, out_dtype, native_max_batch,
           onednn_weight, weight_zp):
         return conv_output(x, weight, stride, padding, dilation, out_dtype)
+
+    @torch.library.register_fake(lib + "attention")
+    def _(q, k, v, attn_mask, scale, lanes):
+        b, heads, tq = q.shape[:3]
+        if q.stride(1) < q.stride(2):  # the kernel's layout: q's (attention_output, C++)
+            return q.new_empty(b, tq, heads, v.size(3)).transpose(1, 2)
+        return q.new_empty(b, heads, tq, v.size(3))
 
     @torch.library.register_fake(lib + "fbgemm_lstm_sequence")
     def _(ih, h0, c0, w_hh, reduce_range, reverse):
@@ -442,6 +450,15 @@ def quantized_add_plan(operands: Sequence[torch.Tensor], qmin: int, qmax: int,
     return lambda x, y: op(x, y, *numbers, qmin, qmax, relu, VECTOR_LOOPS)
 
 
+def attention_lanes() -> int:
+    """The vector width of the native attention's loops: 16 (AVX-512) where the CPU has it
+    and torchquant's ISA cap is above AVX2, 8 (AVX2), else 1 (scalar)."""
+    flags = cpu_isa.cpu_flags()
+    if "avx512f" in flags and cpu_isa.cpu_isa_cap() != "avx2":
+        return 16
+    return 8 if "avx2" in flags and "fma" in flags else 1
+
+
 def max_pool2d_applies(values: torch.Tensor) -> bool:
     """Whether :func:`max_pool2d` takes ``values``: 4-d uint8 / int8 on the CPU, contiguous or
     channels-last, the extension loaded."""
@@ -481,6 +498,10 @@ def aoti_c_shims() -> dict[Any, list[str]]:
             _SHIM_HEAD.format(name="qconv2d_or_onednn")
             + ", int64_t native_max_batch, AtenTensorHandle onednn_weight, "
               "AtenTensorHandle weight_zero_point, AtenTensorHandle* ret0)"],
+        ops.attention.default: [
+            "AOTITorchError aoti_torch_cpu_attention(AtenTensorHandle q, AtenTensorHandle k, "
+            "AtenTensorHandle v, AtenTensorHandle* attn_mask, double scale, int64_t lanes, "
+            "AtenTensorHandle* ret0)"],
     }
 
 

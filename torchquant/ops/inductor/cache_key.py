@@ -47,6 +47,7 @@ def uuid() -> str:
     cpu = (f"onednn_exact={exact};{_config.cache_key_environment()};"
            f"packaging={exact_decompositions.is_packaging()};"
            f"native_allowed={packaging_state.native_allowed()};native={_native.describe()};"
+           f"torchquant_compile={packaging_state.in_torchquant_compile()};"
            f"native_exact={_native.available() and _native.exact_u8()}")
     return get_hash_for_files(_sources(), extra=cpu).hex()
 

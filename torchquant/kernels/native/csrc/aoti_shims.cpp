@@ -15,6 +15,7 @@
 #include <optional>
 #include <utility>
 
+#include "attention.h"
 #include "conv.h"
 
 namespace {
@@ -74,6 +75,16 @@ TORCHQUANT_SHIM aoti_torch_cpu_qconv2d_or_onednn(
         c10::string_view(unary), at::ArrayRef<double>(scalars, scalars_len_), out_scale,
         out_zero_point, static_cast<at::ScalarType>(out_dtype), native_max_batch,
         tensor(onednn_weight), tensor(weight_zero_point));
+    *ret0 = new_tensor_handle(std::move(out));
+  });
+}
+
+TORCHQUANT_SHIM aoti_torch_cpu_attention(AtenTensorHandle q, AtenTensorHandle k,
+                                         AtenTensorHandle v, AtenTensorHandle* attn_mask,
+                                         double scale, int64_t lanes, AtenTensorHandle* ret0) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    at::Tensor out = torchquant_native::attention(tensor(q), tensor(k), tensor(v),
+                                                  optional_tensor(attn_mask), scale, lanes);
     *ret0 = new_tensor_handle(std::move(out));
   });
 }
