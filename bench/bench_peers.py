@@ -559,9 +559,18 @@ def main(argv: Optional[list[str]] = None) -> None:
                         help="comma-separated workloads (tutorial, cnn, minilm, lstm)")
     parser.add_argument("--minilm-shape", default=None,
                         help="MiniLM's batch x tokens, e.g. 1x128 (default 32x128)")
+    parser.add_argument("--fbgemm-isa", default=None,
+                        help="force fbgemm (torch.ao's and torchquant's native kernels) down to "
+                             "this instruction set, e.g. avx2: with ONEDNN_MAX_CPU_ISA=AVX2 "
+                             "ATEN_CPU_CAPABILITY=avx2 TORCHQUANT_CPU_ISA=avx2 the whole "
+                             "process runs as on an AVX2 CPU")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     torch.backends.quantized.engine = "x86"
+    if args.fbgemm_isa:
+        from torchquant.kernels import native
+        native.force_isa(args.fbgemm_isa)
+        print(f"fbgemm forced to {native.isa()}")
     timing = {"budget_s": 0.3 if args.quick else 3.0, "block_s": 0.02 if args.quick else 0.05}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"CPU {torch.backends.cpu.get_cpu_capability()}")

@@ -14,10 +14,14 @@ whose weights freezing has made constants.)  In these graphs, and only these, AT
 attention of short sequences becomes torchquant's native float32 attention
 (:mod:`torchquant.ops.inductor.attention`).
 
-Elsewhere (oneDNN saturates u8 x s8 pairs; another backend or a ``mode``) a PT2E model is first
-lowered (:func:`torchquant.quantization.pt2e.lowering.lower_pt2e`: each dequantize -> conv /
-linear -> quantize becomes one fused torchquant op, exact on every CPU, its weight packed once)
-and then compiled.  Timings are in BENCHMARKS.md.
+Where oneDNN saturates u8 x s8 pairs (AVX2, AVX-512 without VNNI) a PT2E graph takes the same
+frozen compile, whose pass then turns its convs into torchquant's native conv, exact there by
+its high-bit split, and leaves an image's first conv and the linears the float ops on
+dequantized values that the graph computes, everything around them fused.  Where freezing
+cannot run (another backend, a ``mode``) a PT2E model is first lowered
+(:func:`torchquant.quantization.pt2e.lowering.lower_pt2e`: each dequantize -> conv / linear ->
+quantize becomes one fused torchquant op, exact on every CPU, its weight packed once) and then
+compiled.  Timings are in BENCHMARKS.md.
 """
 from __future__ import annotations
 
@@ -55,10 +59,11 @@ def compile(model: Any, *, lower: bool = True, use_torch_compile: bool = True,
     turn either off) -- and torchquant's freezing pass turns each dequantize ->
     conv / linear -> quantize into a oneDNN int8 call with its weight prepacked (call the
     compiled model under ``torch.no_grad()`` or ``torch.inference_mode()``: inductor freezes
-    inference graphs only).  Where that pass does not apply (oneDNN inexact on this CPU,
-    another backend, a ``mode``) it is first lowered onto torchquant's fused ops.  Eager- and
-    FX-converted modules take the same frozen compile where it applies (their convs' weights
-    become constants the pass packs for oneDNN); elsewhere they are compiled as they are.
+    inference graphs only); where oneDNN's int8 saturates, convs become torchquant's native
+    conv (exact there) or stay float, linears stay float.  Where freezing cannot run (another backend, a ``mode``) it is
+    first lowered onto torchquant's fused ops.  Eager- and FX-converted modules take the same
+    frozen compile where oneDNN is exact (their convs' weights become constants the pass packs
+    for oneDNN); elsewhere they are compiled as they are.
 
     ``model``: a ``convert_pt2e`` output (``GraphModule``), a ``torch.export.ExportedProgram``
     of one, or any module (an eager-converted one: not lowered, compiled).  ``lower=False``
@@ -75,20 +80,27 @@ def compile(model: Any, *, lower: bool = True, use_torch_compile: bool = True,
     if isinstance(model, torch.export.ExportedProgram):
         model, inplace = model.module(), True
     pt2e = _is_pt2e_converted(model)
+    freezing = use_torch_compile and _freezing_compile(compile_kwargs)
     # eager- and FX-converted modules take the same frozen compile: the pass turns their
     # torchquant::conv calls, whose weights freezing makes constants, into oneDNN calls too
-    fused_by_inductor = use_torch_compile and _inductor_fuses(compile_kwargs)
-    if lower and pt2e and not fused_by_inductor:
+    fused_by_inductor = freezing and _ops_linear.onednn_u8s8_exact()
+    # where oneDNN saturates, a PT2E graph still compiles frozen (not lowered): the pass makes
+    # its convs native split convs or keeps them float, every quantize / dequantize fused
+    # around them -- faster there than the lowered fused ops (BENCHMARKS.md, 2026-12-07
+    # eleventh session)
+    frozen = fused_by_inductor or (freezing and pt2e)
+    if lower and pt2e and not frozen:
         model = lower_pt2e(model, inplace=inplace)
     if not use_torch_compile:
         return model
-    if aot and not (fused_by_inductor and not compile_kwargs):
-        raise ValueError("torchquant.compile(aot=True) needs the freezing pass (inductor, "
-                         "oneDNN int8 exact on this CPU) and no torch.compile arguments")
-    if aot is not False and fused_by_inductor and not compile_kwargs:
+    if aot and not (frozen and not compile_kwargs):
+        raise ValueError("torchquant.compile(aot=True) needs the freezing pass (inductor, and "
+                         "a PT2E graph or oneDNN int8 exact on this CPU) and no torch.compile "
+                         "arguments")
+    if aot is not False and frozen and not compile_kwargs:
         return AOTCompiledModel(model, lambda: compile(model, lower=False, aot=False))
     compile_kwargs.setdefault("backend", "inductor")
-    if not fused_by_inductor:
+    if not frozen:
         return torch.compile(model, **compile_kwargs)
     options = dict(compile_kwargs.get("options") or {})
     options.setdefault("freezing", True)
@@ -165,15 +177,13 @@ def _input_wants_grad(args: tuple, kwargs: dict) -> bool:
                for leaf in pytree.tree_leaves((args, kwargs)))
 
 
-def _inductor_fuses(compile_kwargs: dict) -> bool:
-    """Whether inductor's freezing pass (:mod:`torchquant.ops.inductor.fusion`) will turn the
-    graph's int8 convs / linears into oneDNN calls: inductor is the backend, freezing can be
-    turned on for this compile (no ``mode``, which excludes ``options``), and oneDNN's u8 x s8
-    products are exact on this CPU.  Elsewhere the PT2E graph is lowered onto torchquant's
-    fused ops first (exact on every CPU)."""
+def _freezing_compile(compile_kwargs: dict) -> bool:
+    """Whether this compile can run inductor's freezing pass
+    (:mod:`torchquant.ops.inductor.fusion`): inductor is the backend and freezing can be turned
+    on (no ``mode``, which excludes ``options``, and freezing not turned off).  The pass turns
+    int8 convs / linears into oneDNN calls where oneDNN's u8 x s8 products are exact on this
+    CPU; elsewhere it leaves a PT2E graph's float convs as they are."""
     backend = compile_kwargs.get("backend", "inductor")
     if backend != "inductor" or "mode" in compile_kwargs:
         return False
-    if (compile_kwargs.get("options") or {}).get("freezing") is False:
-        return False
-    return _ops_linear.onednn_u8s8_exact()
+    return (compile_kwargs.get("options") or {}).get("freezing") is not False

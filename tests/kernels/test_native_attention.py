@@ -87,7 +87,8 @@ def test_rows_with_every_key_masked_are_zero(lanes):
 
 
 def test_vector_widths_follow_the_isa_cap():
-    wide = 16 if "avx512f" in FLAGS else 8 if "avx2" in FLAGS else 1
+    capped = cpu_isa.cpu_isa_cap() == "avx2"
+    wide = 16 if "avx512f" in FLAGS and not capped else 8 if "avx2" in FLAGS else 1
     assert native.attention_lanes() == wide
     with cpu_isa.forced_cpu_isa("avx2"):
         assert native.attention_lanes() == (8 if "avx2" in FLAGS else 1)

@@ -235,26 +235,44 @@ def test_conv_preferred_without_amx_weighs_the_input_zero_point():
         assert not native.conv_preferred((32, 192, 8, 8), *depthwise[1:], x_zero_point=64)
 
 
-def test_not_preferred_where_fbgemm_would_saturate():
-    """fbgemm forced to AVX2 saturates u8 x s8 pairs: the conv is not chosen there, and a call
-    made anyway (a plan kept from before the change) raises rather than returning wrong
-    integers; the depthwise loop is torchquant's own and exact on AVX2."""
-    x, w, w_scale, bias, geometry = _case(16, 32, 3, 10, 1, 1, 1, 1, 1, True)
-    out = (1.0, 0, torch.float32)
-    exact = _native(x, 0.0123, 131, w, w_scale, bias, geometry, None, "none", [], out)
-    dw = _case(24, 24, 3, 10, 1, 1, 1, 24, 1, True)
-    dw_exact = _native(dw[0], 0.0123, 131, *dw[1:], None, "none", [], out)
+def test_where_fbgemm_would_saturate():
+    """fbgemm forced to AVX2 saturates u8 x s8 pairs.  The conv is not preferred there for the
+    eager kernels; it still computes the exact integers by the high-bit split (the GEMM on
+    ``x & 127``, codes of 128 and above added to the accumulators from the weight: scattered
+    where they are few, by a second GEMM of the high bits where many or where the padding's code,
+    the zero point, is one), every geometry and post-op, the same outputs as on VNNI bit for
+    bit.  The depthwise loop is torchquant's own and exact on AVX2."""
+    cases = []
+    for shape in SHAPES:
+        for post in ("none", "relu", "add_relu"):
+            if post == "add_relu" and shape[-1] != 1:
+                continue
+            x, w, w_scale, bias, geometry, other, unary, scalars = _post_op_case(shape, 2, post)
+            for x_zp, high in ((37, 0.01), (37, 0.5), (131, 0.5), (200, 0.0)):
+                # a few or many codes of 128 and above (scattered or a second GEMM), a padding
+                # code of 128 and above
+                g = torch.Generator().manual_seed(len(cases))
+                xs = torch.where(torch.rand(x.shape, generator=g) < high, x | 128, x & 127)
+                xs = xs.contiguous(memory_format=torch.channels_last)
+                args = (xs, 0.0123, x_zp, w, w_scale, bias, geometry, other, unary, scalars)
+                exact = [_native(*args, out) for out in ((0.73, 60, torch.uint8),
+                                                         (1.0, 0, torch.float32))]
+                cases.append((args, exact))
     native.force_isa("avx2")
     try:
+        assert not native.exact_u8()
         assert not native.conv_preferred((1, 64, 8, 8), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 1)
-        with pytest.raises(RuntimeError, match="saturate"):
-            _native(x, 0.0123, 131, w, w_scale, bias, geometry, None, "none", [], out)
-        assert torch.equal(_native(dw[0], 0.0123, 131, *dw[1:], None, "none", [], out), dw_exact)
+        assert native.split_conv_applies((64, 64, 3, 3), 1)
+        assert native.split_conv_applies((64, 1, 3, 3), 64)
+        assert not native.split_conv_applies((64, 32, 3, 3), 2)
+        assert not native.split_conv_applies((32, 3, 3, 3), 1)  # an image's first conv
+        for args, exact in cases:
+            got = [_native(*args, out) for out in ((0.73, 60, torch.uint8),
+                                                   (1.0, 0, torch.float32))]
+            assert torch.equal(got[0], exact[0]) and torch.equal(got[1], exact[1]), args[6]
     finally:
         native.force_isa("auto")
     assert native.conv_preferred((1, 64, 8, 8), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 1)
-    assert torch.equal(_native(x, 0.0123, 131, w, w_scale, bias, geometry, None, "none", [], out),
-                       exact)
 
 
 def test_eager_conv_plans_bind_the_native_conv(monkeypatch):

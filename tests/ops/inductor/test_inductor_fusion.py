@@ -201,16 +201,21 @@ def test_symbolic_batch_convs_choose_per_call_without_amx(converted):
             torch.testing.assert_close(logits, fused_eager[1], rtol=1e-3, atol=1e-3)
 
 
-def test_saturating_cpu_keeps_the_float_conv(converted, monkeypatch):
-    """Where oneDNN's u8 x s8 products saturate (AVX2 without VNNI) the pass leaves the graph's
-    float conv on dequantized values (what the eager model computes); still no Python op."""
+def test_saturating_cpu_convs(converted, monkeypatch):
+    """Where oneDNN's u8 x s8 products saturate (AVX2 without VNNI) no oneDNN int8 call is
+    made: the conv of the 3-channel image stays the graph's float conv on dequantized values
+    (what the eager model computes), the others call torchquant's native conv, exact there by
+    its high-bit split (tests/kernels/test_native_conv.py); the Linear stays float.  Still no
+    Python op."""
     monkeypatch.setattr(exactness, "onednn_u8s8_exact", lambda: False)
     x = torch.randn(3, 3, 8, 8)
     with torch.no_grad():
         reference = converted(x)
     (pooled, logits), code = _compile_frozen(converted, x)
     assert "qconv_pointwise" not in code and "qlinear_pointwise" not in code
-    assert "torch.ops.torchquant" not in code
+    assert "torch.ops.torchquant." not in code
+    if native.available():
+        assert code.count("torchquant_native.qconv2d.default(") == 4
     scale = (reference[0][reference[0] > 0].min()).item()
     steps = _steps(pooled, reference[0], scale)   # float conv kernels may differ in the last bit
     assert steps.max() <= 1 and (steps > 0).float().mean() < 0.01

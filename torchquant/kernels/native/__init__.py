@@ -42,7 +42,7 @@ from .. import cpu_isa
 from ..registry import implementations, register
 
 __all__ = ["available", "describe", "isa", "amx", "exact_u8", "force_isa", "pack",
-           "conv_preferred", "conv_preferred_any_batch", "native_max_batch",
+           "conv_preferred", "conv_preferred_any_batch", "native_max_batch", "split_conv_applies",
            "conv_output_size", "dynamic_linear",
            "static_linear", "lstm_sequence", "gru_sequence", "quantized_add", "quantize",
            "attention_lanes"]
@@ -303,6 +303,21 @@ def conv_preferred(x_shape: Sequence[int], weight_shape: Sequence[int], stride: 
     if zero_zp:
         return rows <= _FBGEMM_CONV_ZERO_ZP_MAX_ROWS and macs <= _FBGEMM_CONV_ZERO_ZP_MAX_MACS
     return rows <= _FBGEMM_CONV_MAX_ROWS and macs <= _FBGEMM_CONV_MAX_MACS
+
+
+def split_conv_applies(weight_shape: Sequence[int], groups: int) -> bool:
+    """Whether ``torchquant_native::qconv2d`` computes this uint8 conv exactly on a CPU whose
+    fbgemm saturates int16 pairs of u8 x s8 products (AVX2, AVX-512 without VNNI): depthwise
+    convs (its own int32 loops) and plain convs (codes of 128 and above, the padding's
+    included, take the high-bit split: the GEMM on ``x & 127``, their high bits added to the
+    accumulators, scattered or by a second GEMM).  The freezing pass uses it where oneDNN's
+    int8 saturates too, instead of a float conv; not for convs of fewer than 8 input channels
+    (an image's first conv), where fbgemm's im2col GEMM and the split cost more than oneDNN's
+    float conv (BENCHMARKS.md, 2026-12-07 eleventh session)."""
+    if not available() or len(weight_shape) != 4:
+        return False
+    oc, icg = weight_shape[0], weight_shape[1]
+    return (groups == 1 and icg >= 8) or (icg == 1 and oc == groups)
 
 
 def conv_preferred_any_batch(image_shape: Sequence[int], weight_shape: Sequence[int],

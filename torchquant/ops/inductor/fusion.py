@@ -25,8 +25,11 @@ the pass runs).
 
 Only where oneDNN's u8 x s8 products are exact on this CPU
 (:func:`torchquant.kernels.onednn_exactness.onednn_u8s8_exact`, decided when the graph is
-compiled): on CPUs whose oneDNN saturates, the graph keeps its float conv on dequantized
-values, which is what the eager ``convert_pt2e`` model computes.  oneDNN requantizes its int32
+compiled).  On CPUs whose oneDNN saturates (AVX2, AVX-512 without VNNI) a PT2E graph's
+conv becomes torchquant's native conv, exact there too
+(:func:`torchquant.kernels.native.split_conv_applies`: depthwise convs, and plain convs through
+the high-bit split); other convs keep their float conv on dequantized values, which is what the
+eager ``convert_pt2e`` model computes, and Linears stay float there.  oneDNN requantizes its int32
 accumulator in float32 with its own operation order, so a fused output can differ from the
 eager graph's (float conv, then quantize) by one step where the float result lies within
 rounding of a half-integer (bounded in the tests); it equals torchquant's own fused ops, which
@@ -311,6 +314,9 @@ def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: f
                 g.constant(w_scale, node, "weight_scale"), bias_node, *geometry, *addend,
                 unary, scalars, out_scale, out_zp, out_dtype)
 
+    if not _exactness.onednn_u8s8_exact():  # _saturating_split_ok said the native conv does it
+        _replace(last, torch.ops.torchquant_native.qconv2d.default, native_args(), fake)
+        return
     if native_ok and (_native.conv_preferred(x_shape, w.shape, stride, padding, dilation, groups,
                                              x_zp)
                       if x_shape is not None else
@@ -346,6 +352,15 @@ def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: f
     _replace(last, torch.ops.onednn.qconv2d_pointwise.binary, args, fake)
 
 
+def _saturating_split_ok(weight: tuple, groups: int) -> bool:
+    """Where oneDNN's u8 x s8 products saturate: whether torchquant's native conv computes this
+    conv exactly (:func:`torchquant.kernels.native.split_conv_applies`) in code that may call
+    it; else the graph keeps its float conv."""
+    w, _, w_zp = weight
+    return (native_allowed() and not bool(w_zp.any())
+            and _native.split_conv_applies(w.shape, groups))
+
+
 def _fuse_conv(g: _Graph, node: fx.Node) -> bool:
     x_arg, w_arg, b_arg, stride, padding, dilation, transposed, _, groups = node.args[:9]
     if transposed or len(stride) != 2:
@@ -356,6 +371,8 @@ def _fuse_conv(g: _Graph, node: fx.Node) -> bool:
     if act is None or weight is None or (b_arg is not None and bias is None):
         return False
     q_x, x_scale, x_zp = act
+    if not _exactness.onednn_u8s8_exact() and not _saturating_split_ok(weight, groups):
+        return False
     tail = _Tail(node, allow_add=True)
     if tail.other is not None and (tail.out is None or tail.other[0] is q_x):
         # a float add, or the sum's accumulator would be the conv's own input (inductor
@@ -654,7 +671,7 @@ def register() -> None:
     # dequantizes that feed it are folded
     for target, check, rewrite, exact in (
             (tq.conv.default, _always, _fuse_torchquant_conv, True),
-            (aten.convolution.default, _x_is_dequantized, _fuse_conv, True),
+            (aten.convolution.default, _x_is_dequantized, _fuse_conv, False),
             (aten.addmm.default, _x_is_dequantized, _fuse_linear, True),
             (aten.mm.default, _x_is_dequantized, _fuse_linear, True),
             *((pool, _always, _pool_integers, False) for pool in _max_pool_targets()),

@@ -10,8 +10,8 @@
 //
 // Activations are uint8 channels-last, weights int8 with zero point 0.  The weight is packed
 // once per (weight storage, instruction set, AMX or not) and cached beside it.  fbgemm's AVX2
-// kernels saturate int16 pairs of products; the Python side uses this op only where they are
-// exact (AMX is exact for every code).
+// kernels saturate int16 pairs of products: there the GEMM runs on x & 127 and the codes of 128
+// and above are added to the accumulators from the weight (the high-bit split, below).  AMX is exact for every code.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -92,6 +92,7 @@ struct ConvPack {
   std::unique_ptr<fbgemm::PackBMatrix<int8_t>> gemm;  // groups == 1: B^T is [OC, KH*KW*IC]
   std::vector<int32_t> col_sums;                      // groups == 1: sum of each channel's taps
   std::vector<int32_t> taps;                          // depthwise: [KH * KW][C]
+  std::vector<int32_t> high_taps;  // groups == 1, saturating CPUs: 128 * w as [IC][KH][KW][OC]
 };
 
 std::mutex cache_mutex;
@@ -145,7 +146,78 @@ std::shared_ptr<ConvPack> make_pack(const at::Tensor& weight, bool depthwise) {
   }
   auto sums = krsc.reshape({OC, K}).sum(1, /*keepdim=*/false, at::kInt);
   pack->col_sums.assign(sums.data_ptr<int32_t>(), sums.data_ptr<int32_t>() + OC);
+  if (!fbgemm_exact_u8()) {
+    auto high = weight.permute({1, 2, 3, 0}).contiguous().to(at::kInt).mul_(128);
+    pack->high_taps.assign(high.data_ptr<int32_t>(), high.data_ptr<int32_t>() + high.numel());
+  }
   return pack;
+}
+
+// ---- the high-bit split, for CPUs whose fbgemm saturates int16 pairs of products ------------
+// (AVX2, AVX-512 without VNNI).  Products of codes below 128 never saturate (2 * 127 * 128 <
+// 2^15), so the GEMM runs on lo = x & 127, and every input code of 128 and above adds 128 times
+// its weight taps to the accumulators of the outputs it reaches: the same int32 sums as an
+// exact GEMM of x.  Calibrated activations have few such codes (the observer's clipped tail).
+
+// Whether any code of x is 128 or above.
+bool has_high_codes(const uint8_t* x, int64_t n) {
+  uint8_t any = 0;
+  for (int64_t i = 0; i < n; ++i) any |= x[i];
+  return (any & 0x80) != 0;
+}
+
+// How many codes of x are 128 or above.
+int64_t count_high_codes(const uint8_t* x, int64_t n) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) count += x[i] >> 7;
+  return count;
+}
+
+// lo[i] = x[i] & 127, hi[i] = x[i] >> 7 (hi null: not wanted)
+void split_codes(const uint8_t* x, uint8_t* lo, uint8_t* hi, int64_t n) {
+  at::parallel_for(0, n, 1 << 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) lo[i] = x[i] & 0x7f;
+    if (hi != nullptr) {
+      for (int64_t i = begin; i < end; ++i) hi[i] = x[i] >> 7;
+    }
+  });
+}
+
+// Above this share of high codes their accumulator terms come from a second GEMM of the 0/1
+// high bits instead of being scattered code by code (both exact; measured crossover).
+constexpr int64_t kDenseHighPerMille = 25;
+
+// acc[(n, oh, ow), :] += 128 * w[:, c, kh, kw] for every code x[n, ih, iw, c] >= 128 and every
+// tap (kh, kw) that carries it to output (oh, ow).  x channels-last, acc [N * OH * OW][OC].
+void add_high_codes(const uint8_t* x, int64_t N, int64_t IC, int64_t H, int64_t W,
+                    int64_t OC, int64_t KH, int64_t KW, int64_t OH, int64_t OW,
+                    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                    const int32_t* high_taps, int32_t* acc) {
+  // images in parallel: an image's codes only reach its own outputs
+  at::parallel_for(0, N, 1, [&](int64_t n_begin, int64_t n_end) {
+    for (int64_t n = n_begin; n < n_end; ++n) {
+      for (int64_t ih = 0; ih < H; ++ih) {
+        for (int64_t iw = 0; iw < W; ++iw) {
+          const uint8_t* px = x + ((n * H + ih) * W + iw) * IC;
+          if (!has_high_codes(px, IC)) continue;
+          for (int64_t c = 0; c < IC; ++c) {
+            if (px[c] < 128) continue;
+            for (int64_t kh = 0; kh < KH; ++kh) {
+              const int64_t th = ih + padding[0] - kh * dilation[0];
+              if (th < 0 || th % stride[0] != 0 || th / stride[0] >= OH) continue;
+              for (int64_t kw = 0; kw < KW; ++kw) {
+                const int64_t tw = iw + padding[1] - kw * dilation[1];
+                if (tw < 0 || tw % stride[1] != 0 || tw / stride[1] >= OW) continue;
+                int32_t* a = acc + ((n * OH + th / stride[0]) * OW + tw / stride[1]) * OC;
+                const int32_t* t = high_taps + ((c * KH + kh) * KW + kw) * OC;
+                for (int64_t o = 0; o < OC; ++o) a[o] += t[o];
+              }
+            }
+          }
+        }
+      }
+    }
+  });
 }
 
 std::shared_ptr<ConvPack> cached_pack(const at::Tensor& weight, bool depthwise) {
@@ -806,9 +878,26 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point,
     return out;
   } else {
     // Never saturated integers: where fbgemm's u8 x s8 pairs saturate (no VNNI, or forced
-    // lower) the caller must take another kernel (torchquant.kernels.native.conv_preferred).
-    TORCH_CHECK(fbgemm_exact_u8(), op, ": fbgemm's u8 x s8 products saturate on ",
-                fbgemm_isa(), "; this conv needs VNNI (see conv_preferred)");
+    // lower) codes of 128 and above take the high-bit split (above).
+    // (a padding code of 128 or above, the zero point, takes the split through the dense
+    // second GEMM, whose im2col pads with the code's high bit)
+    const bool padded = padding[0] != 0 || padding[1] != 0;
+    const bool high_padding = !fbgemm_exact_u8() && padded && x_zero_point >= 128;
+    const int64_t high_codes = fbgemm_exact_u8() ? 0 : count_high_codes(xp, xc.numel());
+    const bool split = high_codes > 0 || high_padding;
+    const bool dense_high =
+        high_padding || high_codes * 1000 > kDenseHighPerMille * xc.numel();
+    at::Tensor lo_tensor, hi_tensor, hi_acc;
+    if (split) {
+      lo_tensor = at::empty_like(xc);
+      if (dense_high) {
+        hi_tensor = at::empty_like(xc);
+        hi_acc = at::empty({M, OC}, x.options().dtype(at::kInt));
+      }
+      split_codes(xp, lo_tensor.data_ptr<uint8_t>(),
+                  dense_high ? hi_tensor.data_ptr<uint8_t>() : nullptr, xc.numel());
+    }
+    const uint8_t* lo_x = split ? lo_tensor.data_ptr<uint8_t>() : xp;
     const bool pointwise = KH == 1 && KW == 1 && stride[0] == 1 && stride[1] == 1 &&
                            padding[0] == 0 && padding[1] == 0;
     fbgemm::conv_param_t<2> conv_p(
@@ -821,7 +910,8 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point,
     // A conv this small runs on the calling thread: waking the others costs more than it saves.
     const bool serial = M * KH * KW * IC * OC <= kSerialConvMacs;
     const int tasks = serial ? 1 : num_tasks;
-    auto gemm = [&](int64_t begin, int64_t end) {
+    // acc = the GEMM of codes a (padding's code pad) with the weight, one task's share
+    auto gemm_of = [&](const uint8_t* a, int32_t pad, int32_t* acc, int64_t begin, int64_t end) {
       fbgemm::DoNothing<int32_t, int32_t> done;
       fbgemm::memCopy<> copy(done);
       for (int64_t task = begin; task < end; ++task) {
@@ -829,30 +919,50 @@ at::Tensor qconv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point,
           using PackA = fbgemm::PackAMatrix<uint8_t>;
           auto* buf = packed_a_scratch.get<uint8_t>(PackA::packedBufferSize());
           PackA packA(fbgemm::matrix_op_t::NoTranspose, static_cast<int32_t>(M),
-                      static_cast<int32_t>(IC), xp, static_cast<int32_t>(IC), buf, 1);
-          fbgemm::fbgemmPacked(packA, *pack->gemm, accp, accp, static_cast<int32_t>(OC), copy,
+                      static_cast<int32_t>(IC), a, static_cast<int32_t>(IC), buf, 1);
+          fbgemm::fbgemmPacked(packA, *pack->gemm, acc, acc, static_cast<int32_t>(OC), copy,
                                static_cast<int>(task), tasks);
         } else {
           using PackA = fbgemm::PackAWithIm2Col<uint8_t, int32_t, 2>;
           auto* buf = packed_a_scratch.get<uint8_t>(PackA::packedBufferSize());
           auto* row_offsets = row_offset_scratch.get<int32_t>(PackA::rowOffsetBufferSize());
-          PackA packA(conv_p, xp, buf, static_cast<int32_t>(x_zero_point), row_offsets,
-                      /*b_symmetric=*/true);
-          fbgemm::fbgemmPacked(packA, *pack->gemm, accp, accp, static_cast<int32_t>(OC), copy,
+          PackA packA(conv_p, a, buf, pad, row_offsets, /*b_symmetric=*/true);
+          fbgemm::fbgemmPacked(packA, *pack->gemm, acc, acc, static_cast<int32_t>(OC), copy,
                                static_cast<int>(task), tasks);
         }
+      }
+    };
+    const int32_t pad_code = static_cast<int32_t>(x_zero_point);
+    auto gemm = [&](int64_t begin, int64_t end) {
+      gemm_of(lo_x, split ? pad_code & 0x7f : pad_code, accp, begin, end);
+      if (dense_high) {
+        gemm_of(hi_tensor.data_ptr<uint8_t>(), pad_code >> 7, hi_acc.data_ptr<int32_t>(), begin,
+                end);
       }
     };
     const bool wide = wide_loops();
     auto epilogue = [&](int64_t begin, int64_t end) {
       epilogue_rows(e, accp, begin, end, OC, wide, outp);
     };
+    auto high = [&]() {
+      if (dense_high) {
+        const int32_t* h = hi_acc.data_ptr<int32_t>();
+        at::parallel_for(0, M * OC, 1 << 14, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) accp[i] += h[i] * 128;
+        });
+      } else if (split) {
+        add_high_codes(xp, N, IC, H, W, OC, KH, KW, OH, OW, stride, padding, dilation,
+                       pack->high_taps.data(), accp);
+      }
+    };
     if (serial) {
       gemm(0, 1);
+      high();
       epilogue(0, M);
       return out;
     }
     at::parallel_for(0, num_tasks, 1, gemm);
+    high();
     at::parallel_for(0, M, std::max<int64_t>(1, 4096 / OC), epilogue);
   }
   return out;
