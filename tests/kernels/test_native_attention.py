@@ -86,6 +86,20 @@ def test_rows_with_every_key_masked_are_zero(lanes):
     assert torch.equal(_flash(q, k, v, mask, 0.25)[1, :, 2], out[1, :, 2])
 
 
+@pytest.mark.parametrize("lanes", LANES)
+def test_nan_inputs_give_nan_rows(lanes):
+    """A NaN in q makes its row's output NaN, as the reference's softmax does, and nothing
+    else (ATen's flash attention returns zeros there: a finite answer from NaN input, which
+    this kernel does not copy)."""
+    q, k, v = _inputs(1, 2, 5, 37, 16, 16)
+    q = q.clone()
+    q[0, 1, 3, 0] = float("nan")
+    out = attention.native_attention(q, k, v, None, 0.25, lanes=lanes)
+    expected = attention.reference_attention(q, k, v, None, 0.25)
+    assert torch.equal(torch.isnan(out), torch.isnan(expected))
+    assert torch.isnan(out[0, 1, 3]).all() and not torch.isnan(out[0, 0]).any()
+
+
 def test_vector_widths_follow_the_isa_cap():
     capped = cpu_isa.cpu_isa_cap() == "avx2"
     wide = 16 if "avx512f" in FLAGS and not capped else 8 if "avx2" in FLAGS else 1

@@ -7,9 +7,10 @@
 // ~40 % of a forward in ATen's CPU flash attention, whose blocking is made for long sequences.
 // Here a head's K is packed transposed once, four query rows at a time get their scores in
 // registers, their softmax and their weighted sum of V, all within a thread's cache.  Rows
-// whose mask is -inf everywhere give zeros, as ATen's flash attention does.  Float32 results
-// differ from ATen's in rounding only (another summation order and exp polynomial; bounded in
-// tests/kernels/test_native_attention.py).
+// whose mask is -inf everywhere give zeros, as ATen's flash attention does; a NaN among a row's
+// scores makes the row NaN (ATen's flash attention returns zeros for a row of NaN scores).
+// Float32 results differ from ATen's in rounding only (another summation order and exp
+// polynomial; bounded in tests/kernels/test_native_attention.py).
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -66,27 +67,21 @@ struct Avx512 {
   __attribute__((target("avx512f"))) static V max(V a, V b) { return _mm512_max_ps(a, b); }
   __attribute__((target("avx512f"))) static float hmax(V a) { return _mm512_reduce_max_ps(a); }
   __attribute__((target("avx512f"))) static float hsum(V a) { return _mm512_reduce_add_ps(a); }
-  // exp(x) for x <= 0 (scores minus their row's max): 2^n * poly(r), 0 below -87.
-  __attribute__((target("avx512f"))) static V exp(V x) {
-    const V log2e = set1(1.44269504088896341f), ln2_hi = set1(0.693359375f),
-            ln2_lo = set1(-2.12194440e-4f);
-    const __mmask16 tiny = _mm512_cmp_ps_mask(x, set1(-87.0f), _CMP_LT_OQ);
-    x = _mm512_max_ps(x, set1(-87.0f));
-    const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    V r = _mm512_fnmadd_ps(n, ln2_hi, x);
-    r = _mm512_fnmadd_ps(n, ln2_lo, r);
-    V p = set1(1.9875691500e-4f);
-    p = fma(p, r, set1(1.3981999507e-3f));
-    p = fma(p, r, set1(8.3334519073e-3f));
-    p = fma(p, r, set1(4.1665795894e-2f));
-    p = fma(p, r, set1(1.6666665459e-1f));
-    p = fma(p, r, set1(5.0000001201e-1f));
-    p = fma(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, set1(1.0f)));
-    const __m512i bits = _mm512_slli_epi32(
-        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    const V result = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-    return _mm512_mask_blend_ps(tiny, result, zero());
+  __attribute__((target("avx512f"))) static V fnmadd(V a, V b, V c) {
+    return _mm512_fnmadd_ps(a, b, c);
+  }
+  __attribute__((target("avx512f"))) static V round(V x) {
+    return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  // 2^n for integer-valued n in [-126, 127]
+  __attribute__((target("avx512f"))) static V pow2(V n) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
+  // value where x >= limit, 0 where x < limit, x where it is NaN
+  __attribute__((target("avx512f"))) static V zero_below(V x, float limit, V value) {
+    const V kept = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, set1(limit), _CMP_GE_OQ), value);
+    return _mm512_mask_mov_ps(kept, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
   }
 };
 
@@ -117,28 +112,48 @@ struct Avx2 {
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
     return _mm_cvtss_f32(s);
   }
-  __attribute__((target("avx2,fma"))) static V exp(V x) {
-    const V log2e = set1(1.44269504088896341f), ln2_hi = set1(0.693359375f),
-            ln2_lo = set1(-2.12194440e-4f);
-    const V tiny = _mm256_cmp_ps(x, set1(-87.0f), _CMP_LT_OQ);
-    x = _mm256_max_ps(x, set1(-87.0f));
-    const V n = _mm256_round_ps(_mm256_mul_ps(x, log2e),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    V r = _mm256_fnmadd_ps(n, ln2_hi, x);
-    r = _mm256_fnmadd_ps(n, ln2_lo, r);
-    V p = set1(1.9875691500e-4f);
-    p = fma(p, r, set1(1.3981999507e-3f));
-    p = fma(p, r, set1(8.3334519073e-3f));
-    p = fma(p, r, set1(4.1665795894e-2f));
-    p = fma(p, r, set1(1.6666665459e-1f));
-    p = fma(p, r, set1(5.0000001201e-1f));
-    p = fma(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, set1(1.0f)));
-    const __m256i bits = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    const V result = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-    return _mm256_blendv_ps(result, zero(), tiny);
+  __attribute__((target("avx2,fma"))) static V fnmadd(V a, V b, V c) {
+    return _mm256_fnmadd_ps(a, b, c);
+  }
+  __attribute__((target("avx2,fma"))) static V round(V x) {
+    return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  __attribute__((target("avx2,fma"))) static V pow2(V n) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  }
+  __attribute__((target("avx2,fma"))) static V zero_below(V x, float limit, V value) {
+    const V kept = _mm256_and_ps(_mm256_cmp_ps(x, set1(limit), _CMP_GE_OQ), value);
+    return _mm256_blendv_ps(kept, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
   }
 };
+
+// Whether a row of scores holds a NaN: then its output is NaN (a vector max can drop NaNs, and a
+// row of NaNs would otherwise read as fully masked).
+inline bool row_has_nan(const float* scores, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    if (std::isnan(scores[j])) return true;
+  }
+  return false;
+}
+
+// exp(x) for x <= 0 (scores minus their row's max): 2^n * p(r) with n = round(x / ln 2),
+// r = x - n ln 2 (in two parts) and Cephes' degree-6 polynomial for e^r; 0 below -87, NaN
+// for NaN (a NaN score makes its row NaN, as in ATen's attention).
+template <typename W>
+__attribute__((always_inline)) inline typename W::V exp_nonpositive(typename W::V x) {
+  using V = typename W::V;
+  constexpr float kMin = -87.0f;
+  constexpr float kPoly[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                             4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+  const V clamped = W::max(x, W::set1(kMin));
+  const V n = W::round(W::mul(clamped, W::set1(1.44269504088896341f)));
+  const V r = W::fnmadd(n, W::set1(-2.12194440e-4f), W::fnmadd(n, W::set1(0.693359375f), clamped));
+  V p = W::set1(kPoly[0]);
+  for (int i = 1; i < 6; ++i) p = W::fma(p, r, W::set1(kPoly[i]));
+  p = W::fma(p, W::mul(r, r), W::add(r, W::set1(1.0f)));
+  return W::zero_below(x, kMin, W::mul(p, W::pow2(n)));
+}
 
 // Scratch of a worker thread: K transposed (d x padded tk) and a block's scores.
 struct Scratch {
@@ -273,7 +288,8 @@ __attribute__((always_inline)) inline void head_vectorized(const Head& h, Scratc
       std::fill(sr + h.tk, sr + tk_pad, kNegInf);
       V mx = W::set1(kNegInf);
       for (int64_t j = 0; j < tk_pad; j += L) mx = W::max(mx, W::load(sr + j));
-      const float row_max = W::hmax(mx);
+      float row_max = W::hmax(mx);
+      if (row_max == kNegInf && row_has_nan(sr, h.tk)) row_max = std::nanf("");
       if (row_max == kNegInf) {  // every key masked: zeros, as ATen's flash attention
         std::fill(sr, sr + tk_pad, 0.0f);
         inv_sum[r] = 0.0f;
@@ -282,7 +298,7 @@ __attribute__((always_inline)) inline void head_vectorized(const Head& h, Scratc
       const V neg_max = W::set1(-row_max);
       V sum = W::zero();
       for (int64_t j = 0; j < tk_pad; j += L) {
-        const V p = W::exp(W::add(W::load(sr + j), neg_max));
+        const V p = exp_nonpositive<W>(W::add(W::load(sr + j), neg_max));
         W::store(sr + j, p);
         sum = W::add(sum, p);
       }
@@ -323,6 +339,7 @@ void head_scalar(const Head& h, Scratch& s) {
       sr[j] = score;
       row_max = std::max(row_max, score);
     }
+    if (row_max == kNegInf && row_has_nan(sr, h.tk)) row_max = std::nanf("");
     float* oi = h.out + i * h.out_row;
     if (row_max == kNegInf) {
       std::fill(oi, oi + h.dv, 0.0f);
