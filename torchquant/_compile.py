@@ -60,10 +60,11 @@ def compile(model: Any, *, lower: bool = True, use_torch_compile: bool = True,
     conv / linear -> quantize into a oneDNN int8 call with its weight prepacked (call the
     compiled model under ``torch.no_grad()`` or ``torch.inference_mode()``: inductor freezes
     inference graphs only); where oneDNN's int8 saturates, convs become torchquant's native
-    conv (exact there) or stay float, linears stay float.  Where freezing cannot run (another backend, a ``mode``) it is
-    first lowered onto torchquant's fused ops.  Eager- and FX-converted modules take the same
-    frozen compile where oneDNN is exact (their convs' weights become constants the pass packs
-    for oneDNN); elsewhere they are compiled as they are.
+    conv (exact there) or stay float, linears stay float.  Where freezing cannot run (another
+    backend, a ``mode``) it is first lowered onto torchquant's fused ops.  Eager- and
+    FX-converted modules take the same frozen compile where oneDNN is exact (their convs'
+    weights become constants the pass packs for oneDNN); elsewhere they are compiled as they
+    are.
 
     ``model``: a ``convert_pt2e`` output (``GraphModule``), a ``torch.export.ExportedProgram``
     of one, or any module (an eager-converted one: not lowered, compiled).  ``lower=False``
@@ -182,7 +183,7 @@ def _freezing_compile(compile_kwargs: dict) -> bool:
     (:mod:`torchquant.ops.inductor.fusion`): inductor is the backend and freezing can be turned
     on (no ``mode``, which excludes ``options``, and freezing not turned off).  The pass turns
     int8 convs / linears into oneDNN calls where oneDNN's u8 x s8 products are exact on this
-    CPU; elsewhere it leaves a PT2E graph's float convs as they are."""
+    CPU; elsewhere a PT2E graph's convs into native split convs (or leaves them float)."""
     backend = compile_kwargs.get("backend", "inductor")
     if backend != "inductor" or "mode" in compile_kwargs:
         return False

@@ -10,13 +10,15 @@ import torch
 
 from . import native as _native
 
-__all__ = ["reference_attention", "native_attention", "native_attention_preferred"]
+__all__ = ["reference_attention", "native_attention", "native_attention_preferred",
+           "default_scale"]
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         attn_mask: Optional[torch.Tensor], scale: float) -> torch.Tensor:
     """softmax(q k^T * scale + attn_mask) v per (batch, head), zeros for rows every key of
-    which is masked out (-inf), as ATen's CPU flash attention gives."""
+    which is masked out (-inf), as ATen's CPU flash attention gives; NaN rows where a score is
+    NaN."""
     scores = (q @ k.transpose(-1, -2)) * scale
     if attn_mask is not None:
         scores = scores + attn_mask

@@ -50,7 +50,8 @@ def _rewrite(node: fx.Node) -> bool:
     shapes = [_sizes(t) for t in (q, k, v)]
     if any(s is None for s in shapes):
         return False
-    (_, heads, q_len, head_size), (_, k_heads, kv_len, k_size), (_, v_heads, v_len, v_size) = shapes
+    (_, heads, q_len, head_size), (_, k_heads, kv_len, k_size) = shapes[:2]
+    _, v_heads, v_len, v_size = shapes[2]
     if (k_heads, v_heads, k_size, v_len) != (heads, heads, head_size, kv_len):
         return False
     if mask is not None:

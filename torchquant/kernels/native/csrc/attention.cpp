@@ -211,7 +211,8 @@ __attribute__((always_inline)) inline void score_block(const float* const* q, co
     }
   }
   for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < n; ++c) W::store(scores + r * tk_pad + j0 + c * L, W::mul(acc[r][c], scale));
+    for (int c = 0; c < n; ++c)
+      W::store(scores + r * tk_pad + j0 + c * L, W::mul(acc[r][c], scale));
 }
 
 // out[r, e0 + c L ...] = sum_j p[r, j] v[j, e0 + c L ...] * inv_sum[r], n vectors

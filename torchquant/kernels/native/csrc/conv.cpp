@@ -11,7 +11,8 @@
 // Activations are uint8 channels-last, weights int8 with zero point 0.  The weight is packed
 // once per (weight storage, instruction set, AMX or not) and cached beside it.  fbgemm's AVX2
 // kernels saturate int16 pairs of products: there the GEMM runs on x & 127 and the codes of 128
-// and above are added to the accumulators from the weight (the high-bit split, below).  AMX is exact for every code.
+// and above are added to the accumulators from the weight (the high-bit split, below).  AMX is
+// exact for every code.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
