@@ -158,7 +158,9 @@ std::shared_ptr<ConvPack> make_pack(const at::Tensor& weight, bool depthwise) {
 // (AVX2, AVX-512 without VNNI).  Products of codes below 128 never saturate (2 * 127 * 128 <
 // 2^15), so the GEMM runs on lo = x & 127, and every input code of 128 and above adds 128 times
 // its weight taps to the accumulators of the outputs it reaches: the same int32 sums as an
-// exact GEMM of x.  Calibrated activations have few such codes (the observer's clipped tail).
+// exact GEMM of x.  7-bit (reduce_range) activations have few such codes, the observer's
+// clipped tail; full-range 8-bit ones (PT2E's) several percent, where a second GEMM of the 0/1
+// high bits costs less than the scatter.
 
 // Whether any code of x is 128 or above.
 bool has_high_codes(const uint8_t* x, int64_t n) {
