@@ -43,7 +43,6 @@ import torch
 
 from ... import affine
 from ... import dtypes as _dt
-from ..._graph import get_attr_tensor
 from ...kernels import elementwise as _kelementwise
 from ...kernels import onednn_exactness as _exactness
 from ...kernels.reference import add_formula
@@ -301,19 +300,14 @@ def _fuse_torchquant_linear(g: Any, node: Any) -> bool:
         return False
     a = fusion._op_arguments(node)
     x, post_op = a["x"], a["post_op"]
-    w = get_attr_tensor(g.gm, a["weight"])
-    scale = get_attr_tensor(g.gm, a["weight_scale"])
-    zp = get_attr_tensor(g.gm, a["weight_zero_point"])
-    bias = get_attr_tensor(g.gm, a["bias"]) if a["bias"] is not None else None
+    frozen = fusion.frozen_op_weight(g, a)
     val = x.meta.get("val") if hasattr(x, "meta") else None
-    if (val is None or val.dtype != torch.uint8 or val.dim() != 2 or w is None or scale is None
-            or zp is None or w.dtype != torch.int8 or bool(zp.ne(0).any())
-            or (a["bias"] is not None and bias is None) or a["out_dtype"] != torch.uint8
-            or post_op not in _ONEDNN_LINEAR_POST_OPS or a["other"] is not None):
+    if (val is None or val.dtype != torch.uint8 or val.dim() != 2 or frozen is None
+            or a["out_dtype"] != torch.uint8 or post_op not in _ONEDNN_LINEAR_POST_OPS
+            or a["other"] is not None):
         return False
-    channels = w.size(0)
-    w_scale = scale.to(torch.float32).reshape(-1).expand(channels).contiguous()
-    w_zp = torch.zeros(channels, dtype=torch.int64)
+    w, w_scale, bias = frozen
+    w_zp = torch.zeros(w.size(0), dtype=torch.int64)
     packed = torch.ops.onednn.qlinear_prepack(w.contiguous(), None)
     args = (x, float(a["x_scale"]), int(a["x_zero_point"]),
             g.constant(packed, node, "packed_linear_weight"),

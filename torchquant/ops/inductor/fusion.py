@@ -50,7 +50,7 @@ from ...kernels import onednn_exactness as _exactness
 from ...kernels import native as _native
 from .packaging_state import native_allowed
 
-__all__ = ["register", "aoti_c_shims"]
+__all__ = ["register", "aoti_c_shims", "frozen_op_weight"]
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -398,25 +398,35 @@ def _op_arguments(node: fx.Node) -> dict[str, Any]:
     return bound
 
 
+def frozen_op_weight(g: _Graph, a: dict[str, Any]) -> Optional[tuple]:
+    """The frozen weight operands of a ``torchquant::conv`` / ``linear`` node (its arguments by
+    name, :func:`_op_arguments`): ``(int8 weight, float32 per-channel scale, float bias or
+    None)`` where they are frozen constants with zero zero points, the form oneDNN's int8
+    calls take; None otherwise."""
+    w = get_attr_tensor(g.gm, a["weight"])
+    scale = get_attr_tensor(g.gm, a["weight_scale"])
+    zp = get_attr_tensor(g.gm, a["weight_zero_point"])
+    bias = get_attr_tensor(g.gm, a["bias"]) if a["bias"] is not None else None
+    if (w is None or scale is None or zp is None or w.dtype != torch.int8
+            or bool(zp.ne(0).any()) or (a["bias"] is not None and bias is None)):
+        return None
+    return w, scale.to(torch.float32).reshape(-1).expand(w.size(0)).contiguous(), bias
+
+
 def _fuse_torchquant_conv(g: _Graph, node: fx.Node) -> bool:
     """``torchquant::conv`` (what eager- and FX-converted modules, and lowered PT2E graphs,
     call) as the int8 call its eager kernel makes, the weight prepacked at freezing."""
     a = _op_arguments(node)
     x = a["x"]
-    w = get_attr_tensor(g.gm, a["weight"])
-    scale, zp = get_attr_tensor(g.gm, a["weight_scale"]), get_attr_tensor(g.gm, a["weight_zero_point"])
-    bias = get_attr_tensor(g.gm, a["bias"]) if a["bias"] is not None else None
+    frozen = frozen_op_weight(g, a)
     val = x.meta.get("val") if isinstance(x, fx.Node) else None
     post_op, other = a["post_op"], a["other"]
-    if (val is None or val.dtype != torch.uint8 or val.dim() != 4 or w is None or scale is None
-            or zp is None or w.dtype != torch.int8 or bool(zp.ne(0).any())
-            or (a["bias"] is not None and bias is None)
+    if (val is None or val.dtype != torch.uint8 or val.dim() != 4 or frozen is None
             or post_op not in ("none", "relu", "add", "add_relu")
             or (other is not None and (other is x or other.meta["val"].dtype != torch.uint8))):
         return False
-    channels = w.size(0)
-    w_scale = scale.to(torch.float32).reshape(-1).expand(channels).contiguous()
-    w_zp = zp.to(torch.int64).reshape(-1).expand(channels).contiguous()
+    w, w_scale, bias = frozen
+    w_zp = torch.zeros(w.size(0), dtype=torch.int64)
     geometry = (list(a["stride"]), list(a["padding"]), list(a["dilation"]), a["groups"])
     addend = (None if other is None
               else (other, float(a["other_scale"]), int(a["other_zero_point"])))
