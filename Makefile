@@ -8,9 +8,9 @@ STAMP := $(VENV)/.torchquant-installed
 
 .PHONY: demo test bench clean
 
-$(STAMP): pyproject.toml setup.py constraints.txt $(wildcard torchquant/kernels/native/csrc/*.cpp torchquant/kernels/native/csrc/*.h)
+$(STAMP): pyproject.toml setup.py constraints.txt $(wildcard torchquant/kernels/native/csrc/*.cpp torchquant/kernels/native/csrc/*.h torchquant/kernels/native/csrc/onednn/*.cpp)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 'setuptools>=64' wheel
+	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 onednn-cpu-gomp 'setuptools>=64' wheel
 	$(PY) -m pip install -q -c constraints.txt --no-build-isolation -e '.[test,models,onnx]'
 	touch $(STAMP)
 
@@ -33,4 +33,4 @@ bench: $(BENCH_STAMP)
 	for b in tensor observers fake_quantize kernels dynamic models peers rnn first_use onnx; do $(PY) bench/bench_$$b.py || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info torchquant/kernels/native/_C*.so
+	rm -rf $(VENV) build *.egg-info torchquant/kernels/native/_C*.so torchquant/kernels/native/_onednn*.so

@@ -10,6 +10,18 @@ import sys
 from setuptools import setup
 
 ext_modules, cmdclass = [], {}
+
+
+def _onednn_library_dir():
+    """Where the onednn-cpu-gomp wheel put libdnnl.so.3 (its data files go under the
+    environment's prefix), or None."""
+    for prefix in (sys.prefix, sys.base_prefix):
+        lib = os.path.join(prefix, "lib")
+        if os.path.exists(os.path.join(lib, "libdnnl.so.3")):
+            return lib
+    return None
+
+
 if os.environ.get("TORCHQUANT_BUILD_NATIVE", "1") != "0":
     try:
         from torch.utils.cpp_extension import BuildExtension, CppExtension
@@ -32,6 +44,20 @@ if os.environ.get("TORCHQUANT_BUILD_NATIVE", "1") != "0":
                                 "-fvisibility-inlines-hidden"],
             extra_link_args=["-fopenmp"],
         )]
+        onednn_lib = _onednn_library_dir()
+        if onednn_lib is not None:
+            # oneDNN's own library (onednn-cpu-gomp: OpenMP, the runtime torch uses) for the
+            # conv primitives torchquant keeps between calls; headers: those torch ships
+            ext_modules.append(CppExtension(
+                "torchquant.kernels.native._onednn",
+                sources=[os.path.join(csrc, "onednn", "onednn_conv.cpp")],
+                extra_compile_args=["-O3", "-fvisibility=hidden", "-fvisibility-inlines-hidden"],
+                extra_link_args=[f"-L{onednn_lib}", "-l:libdnnl.so.3",
+                                 f"-Wl,-rpath,{onednn_lib}"],
+            ))
+        else:
+            print("torchquant: libdnnl.so.3 (onednn-cpu-gomp) not found; the kept oneDNN conv "
+                  "primitives are not built", file=sys.stderr)
         cmdclass = {"build_ext": BuildExtension.with_options(no_python_abi_suffix=True)}
 
 setup(ext_modules=ext_modules, cmdclass=cmdclass)

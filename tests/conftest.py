@@ -17,6 +17,7 @@ def _cpu_paths_report() -> tuple[str, ...]:
     from torchquant.kernels import onednn_exactness as exactness
     from torchquant.kernels import linear_small_m
     from torchquant.kernels import native
+    from torchquant.kernels.native import onednn as onednn_library
     exact_max = exactness.onednn_u8_exact_max()
     if exact_max >= 255:
         int8 = "oneDNN int8, one call for every uint8 input"
@@ -41,6 +42,7 @@ def _cpu_paths_report() -> tuple[str, ...]:
         f"native kernels: {native.describe()}; full-range uint8 through fbgemm: "
         f"{native.available() and native.exact_u8()} (else reduce_range dynamic Linear / RNNs "
         "only)",
+        f"eager 2-d convs: {onednn_library.describe()}",
         f"torch.ao oracle exact on full-range uint8 here: {torch_oracle_exact_u8()}",
     )
 

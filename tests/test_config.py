@@ -27,7 +27,7 @@ def test_every_switch_the_package_names_is_documented():
 
 def test_defaults(monkeypatch):
     for name in (_config.QUIET, _config.KERNELS, _config.CPU_ISA, _config.NATIVE,
-                 _config.COMPILE_LOWERING, _config.ONEDNN_MIN_ROWS, _config.SMALL_M_MAX_ROWS,
+                 _config.ONEDNN_LIBRARY, _config.COMPILE_LOWERING, _config.ONEDNN_MIN_ROWS, _config.SMALL_M_MAX_ROWS,
                  _config.COMPILED_HOT_CALLS, _config.COMPILED_FIRST_BUILD_ESTIMATE_S,
                  _config.COMPILED_BUILD_ESTIMATE_S, _config.ONEDNN_MAX_CPU_ISA):
         monkeypatch.delenv(name, raising=False)
@@ -35,6 +35,7 @@ def test_defaults(monkeypatch):
     assert _config.kernels_mode() == "auto"
     assert _config.cpu_isa() == "default"
     assert _config.native_enabled() and _config.compile_lowering_enabled()
+    assert _config.onednn_library_enabled()
     assert (_config.onednn_min_rows(), _config.small_m_max_rows()) == (1, 16)
     assert _config.compiled_hot_calls() == _config.DEFAULT_COMPILED_HOT_CALLS == 2
     assert not _config.compiled_hot_calls_set() and not _config.compiled_build_estimate_set()
@@ -66,6 +67,7 @@ def test_switches_strip_and_lower_case(monkeypatch):
     with pytest.raises(ValueError, match="TORCHQUANT_CPU_ISA must be one of"):
         _config.cpu_isa()
     for name, enabled in ((_config.NATIVE, _config.native_enabled),
+                          (_config.ONEDNN_LIBRARY, _config.onednn_library_enabled),
                           (_config.COMPILE_LOWERING, _config.compile_lowering_enabled)):
         monkeypatch.setenv(name, " 0 ")
         assert not enabled()

@@ -14,6 +14,8 @@ only the standard library, so every layer may import it.
 * ``TORCHQUANT_CPU_ISA``: cap torchquant's CPU choices at ``avx2`` / ``avx512`` /
   ``avx512_vnni`` / ``amx`` / ``default`` (read at import; also part of the compile-cache key).
 * ``TORCHQUANT_NATIVE``: ``0`` keeps the native C++ library from loading (read on first use).
+* ``TORCHQUANT_ONEDNN_LIBRARY``: ``0`` keeps torchquant's library on oneDNN's own libdnnl
+  (``_onednn.so``: the kept conv primitives) from loading (read on first use).
 * ``TORCHQUANT_COMPILE_LOWERING``: ``0`` turns off the exact compile lowerings of conv / add
   (read per call).
 * ``TORCHQUANT_ONEDNN_MIN_ROWS``: fewest rows the int8 Linear sends to oneDNN (default 1; read
@@ -35,11 +37,13 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["QUIET", "KERNELS", "CPU_ISA", "NATIVE", "COMPILE_LOWERING", "ONEDNN_MIN_ROWS",
+__all__ = ["QUIET", "KERNELS", "CPU_ISA", "NATIVE", "ONEDNN_LIBRARY", "COMPILE_LOWERING",
+           "ONEDNN_MIN_ROWS",
            "SMALL_M_MAX_ROWS", "COMPILED_HOT_CALLS", "COMPILED_FIRST_BUILD_ESTIMATE_S",
            "COMPILED_BUILD_ESTIMATE_S", "ONEDNN_MAX_CPU_ISA", "CPU_ISA_LEVELS",
            "KERNEL_MODES", "DEFAULT_COMPILED_HOT_CALLS", "quiet", "kernels_mode",
            "parse_kernels_mode", "cpu_isa", "parse_cpu_isa", "native_enabled",
+           "onednn_library_enabled",
            "compile_lowering_enabled",
            "onednn_min_rows", "small_m_max_rows", "compiled_hot_calls",
            "compiled_hot_calls_set", "compiled_first_build_estimate_s",
@@ -49,6 +53,7 @@ QUIET = "TORCHQUANT_QUIET"
 KERNELS = "TORCHQUANT_KERNELS"
 CPU_ISA = "TORCHQUANT_CPU_ISA"
 NATIVE = "TORCHQUANT_NATIVE"
+ONEDNN_LIBRARY = "TORCHQUANT_ONEDNN_LIBRARY"
 COMPILE_LOWERING = "TORCHQUANT_COMPILE_LOWERING"
 ONEDNN_MIN_ROWS = "TORCHQUANT_ONEDNN_MIN_ROWS"
 SMALL_M_MAX_ROWS = "TORCHQUANT_SMALL_M_MAX_ROWS"
@@ -98,6 +103,11 @@ def cpu_isa() -> str:
 def native_enabled() -> bool:
     """``TORCHQUANT_NATIVE``: False only when it is ``0`` (surrounding white space ignored)."""
     return os.environ.get(NATIVE, "1").strip() != "0"
+
+
+def onednn_library_enabled() -> bool:
+    """``TORCHQUANT_ONEDNN_LIBRARY``: False only when it is ``0`` (white space ignored)."""
+    return os.environ.get(ONEDNN_LIBRARY, "1").strip() != "0"
 
 
 def compile_lowering_enabled() -> bool:

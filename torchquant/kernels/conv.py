@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from . import native as _native
+from .native import onednn as _onednn_library
 from . import sparse_correction as _sparse
 from .registry import get, register
 from .. import affine
@@ -369,6 +370,9 @@ def _onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedC
     native = _native_plan(x, x_scale, x_zp, packed, out_scale, out_zp, post_op, other)
     if native is not None:
         return native
+    kept = _kept_onednn_plan(x, x_scale, x_zp, packed, out_scale, out_zp, post_op)
+    if kept is not None:
+        return kept
     if _strided_pointwise(packed) and not onednn_u8s8_exact():
         stride = packed.stride
         inner = _onednn_plan_unit(_subsampled(x, stride), x_scale, x_zp,
@@ -404,6 +408,22 @@ def _native_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedC
         return lambda x_int, _: conv(x_int, *head, None, 1.0, 0, *tail)
     other_qparams = (float(post_op.other_scale), int(post_op.other_zero_point))
     return lambda x_int, other: conv(x_int, *head, other, *other_qparams, *tail)
+
+
+def _kept_onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedConvWeight,
+                      out_scale: Scalar, out_zp: Scalar, post_op: PostOp) -> Optional[_Plan]:
+    """oneDNN's conv primitive for inputs shaped like ``x``, built once and kept
+    (:mod:`.native.onednn`: torch.ao's integers without the public op's per-call set-up), for
+    2-d convs with no post-op or a ReLU; None elsewhere."""
+    if (packed.spatial_dims != 2 or packed.onednn_weight is None
+            or post_op.name not in ("none", "relu") or not _onednn_library.available()):
+        return None
+    plan = _onednn_library.conv_plan(packed.weight, packed.channel_scale, packed.bias, x.shape,
+                                     packed.stride, packed.padding, packed.dilation,
+                                     packed.groups, post_op.name,
+                                     x_zero_point=int(x_zp))
+    run = _onednn_library.bound_conv(plan, x_scale, x_zp, out_scale, out_zp)
+    return lambda x_int, _: run(x_int)
 
 
 def _onednn_plan_unit(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedConvWeight,
