@@ -8,7 +8,7 @@ STAMP := $(VENV)/.torchquant-installed
 
 .PHONY: demo test bench clean
 
-$(STAMP): pyproject.toml setup.py constraints.txt $(wildcard torchquant/kernels/native/csrc/*.cpp torchquant/kernels/native/csrc/*.h torchquant/kernels/native/csrc/onednn/*.cpp)
+$(STAMP): pyproject.toml setup.py constraints.txt $(wildcard torchquant/kernels/native/csrc/*.cpp torchquant/kernels/native/csrc/*.h torchquant/kernels/native/csrc/onednn/*.cpp torchquant/kernels/native/csrc/onednn/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 onednn-cpu-gomp 'setuptools>=64' wheel
 	$(PY) -m pip install -q -c constraints.txt --no-build-isolation -e '.[test,models,onnx]'

@@ -50,7 +50,9 @@ if os.environ.get("TORCHQUANT_BUILD_NATIVE", "1") != "0":
             # conv primitives torchquant keeps between calls; headers: those torch ships
             ext_modules.append(CppExtension(
                 "torchquant.kernels.native._onednn",
-                sources=[os.path.join(csrc, "onednn", "onednn_conv.cpp")],
+                sources=sorted(os.path.join(csrc, "onednn", f)
+                               for f in os.listdir(os.path.join(here, csrc, "onednn"))
+                               if f.endswith(".cpp")),
                 extra_compile_args=["-O3", "-fvisibility=hidden", "-fvisibility-inlines-hidden"],
                 extra_link_args=[f"-L{onednn_lib}", "-l:libdnnl.so.3",
                                  f"-Wl,-rpath,{onednn_lib}"],

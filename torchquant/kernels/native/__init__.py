@@ -68,6 +68,7 @@ def _load() -> Optional[str]:
         return "this CPU has no AVX2 (fbgemm cannot run)"
     _register_fakes()
     _apply_amx_choice()
+    _apply_int8_gemm_provider()
     return None
 
 
@@ -177,9 +178,19 @@ def _apply_amx_choice() -> None:
     _state.pop("isa", None)
 
 
+def _apply_int8_gemm_provider() -> None:
+    """The int8 Linear's accumulator from oneDNN's own library (:mod:`.onednn`) where that runs
+    here and fbgemm is not forced lower; fbgemm's GEMM otherwise.  Its epilogue is fbgemm's
+    either way."""
+    from . import onednn
+    use = onednn.available() and not _state.get("fbgemm_forced", False)
+    torch.ops.torchquant_native.set_int8_gemm_provider(onednn.int8_gemm_provider() if use else 0)
+
+
 def _on_cap_change() -> None:
     if _state.get("reason", "unloaded") is None:
         _apply_amx_choice()
+        _apply_int8_gemm_provider()
 
 
 cpu_isa.on_change(_on_cap_change)
@@ -205,6 +216,7 @@ def force_isa(name: str) -> None:
     torch.ops.torchquant_native.fbgemm_force_isa(name)
     _state["fbgemm_forced"] = name != "auto"
     _apply_amx_choice()
+    _apply_int8_gemm_provider()
     _state.pop("exact_u8", None)
 
 

@@ -1,4 +1,4 @@
-"""Int8 conv primitives on oneDNN's own library, built once per input shape and kept.
+"""Int8 conv primitives and an exact int8 GEMM on oneDNN's own library, built once and kept.
 
 ``csrc/onednn/onednn_conv.cpp`` is built into ``_onednn.so`` against ``libdnnl.so.3`` from the
 ``onednn-cpu-gomp`` wheel (oneDNN's OpenMP build: the runtime torch's own threads use, so one
@@ -7,7 +7,10 @@ thread pool).  torch keeps the oneDNN inside it private, and its public
 conv keeps its primitive.  A :func:`conv_plan` is that kept primitive, with the weight in the
 primitive's blocked layout: same attributes as torch's quantized conv (runtime input / output
 scale and zero point, per-channel weight scales, float bias, ReLU), so the integers are
-torch.ao's (tests/kernels/test_onednn_conv.py).
+torch.ao's (tests/kernels/test_native_onednn.py).  :func:`int8_gemm_provider` is the
+library's exact u8 x s8 -> s32 matmul (a primitive per row count), from which the native
+fbgemm dynamic Linear takes its accumulator at many rows before applying fbgemm's own
+epilogue: torch.ao's numbers, a few per cent faster there.
 
 :func:`available` says whether it runs here: the library built and loaded (not with
 ``TORCHQUANT_ONEDNN_LIBRARY=0``), its u8 x s8 products exact on this CPU (a probe against the
@@ -27,7 +30,8 @@ from ... import _config
 from ..._log import emit_once
 from .. import cpu_isa
 
-__all__ = ["available", "describe", "conv_plan", "conv", "bound_conv"]
+__all__ = ["available", "describe", "conv_plan", "conv", "bound_conv", "int8_gemm_provider",
+           "int8_matmul"]
 
 _LIBRARY = Path(__file__).with_name("_onednn.so")
 _state: dict[str, Any] = {}
@@ -56,9 +60,10 @@ def _load() -> Optional[str]:
 
 
 def _products_exact() -> bool:
-    """Whether the library's int8 convs give the exact int32 sums for uint8 codes of 128 and
-    above against weights of both signs (a float32 output of the unscaled accumulator, sums
-    small enough to be exact in it), on the kernel kinds ResNet-like convs reach."""
+    """Whether the library's int8 convs and matmuls give the exact int32 sums for uint8 codes of
+    128 and above against weights of both signs (the convs' float32 output of the unscaled
+    accumulator, sums small enough to be exact in it), on the kernel kinds ResNet-like convs
+    and a Linear's one and many rows reach."""
     gen = torch.Generator().manual_seed(0)
     for channels, size, kernel, stride in ((16, 8, 3, 1), (3, 16, 7, 2), (64, 4, 1, 1)):
         x = torch.randint(128, 256, (1, channels, size, size), dtype=torch.uint8, generator=gen)
@@ -71,6 +76,12 @@ def _products_exact() -> bool:
         got = torch.ops.torchquant_native.onednn_conv(x, plan, 1.0, 0, 1.0, 0)
         want = torch.nn.functional.conv2d(x.double(), w.double(), None, stride, padding)
         if not torch.equal(got.double(), want):
+            return False
+    for rows in (1, 37):
+        a = torch.randint(128, 256, (rows, 96), dtype=torch.uint8, generator=gen)
+        w = (torch.randint(0, 2, (40, 96), generator=gen) * 254 - 127).to(torch.int8)
+        got = torch.ops.torchquant_native.onednn_int8_matmul(a, w)
+        if not torch.equal(got.long(), a.long() @ w.long().t()):
             return False
     return True
 
@@ -135,3 +146,16 @@ def bound_conv(plan: Any, x_scale: float, x_zero_point: int, out_scale: float,
     call = getattr(op, "_op", op)
     qparams = (float(x_scale), int(x_zero_point), float(out_scale), int(out_zero_point))
     return lambda x: call(x, plan, *qparams)
+
+
+def int8_gemm_provider() -> int:
+    """The address of the library's exact u8 x s8 -> s32 GEMM table
+    (``csrc/int8_gemm_provider.h``), which the native fbgemm Linear takes its accumulator
+    from (``set_int8_gemm_provider``): oneDNN's brgemm matmul, fbgemm's epilogue."""
+    return int(torch.ops.torchquant_native.onednn_int8_gemm_provider())
+
+
+def int8_matmul(a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``a @ weight.T`` for uint8 ``a`` [M, K] and int8 ``weight`` [N, K], exact int32 sums,
+    through that GEMM (for tests and the probe)."""
+    return torch.ops.torchquant_native.onednn_int8_matmul(a, weight)

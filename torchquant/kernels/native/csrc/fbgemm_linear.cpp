@@ -20,12 +20,15 @@
 #include <immintrin.h>
 
 #include "amx.h"
+#include "int8_gemm_provider.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -215,6 +218,11 @@ struct FbgemmLinearPack : torch::CustomClassHolder {
   bool symmetric = true;             // every weight zero point 0: no row offsets needed
   fbgemm::inst_set_t isa = fbgemm::inst_set_t::anyarch;
   std::unique_ptr<AmxPackedB> amx;   // the weight for the AMX GEMM, where the CPU has AMX
+  at::Tensor weight;                 // int8 [N, K], for an external GEMM's own packing
+  // the external GEMM's handle for this weight (int8_gemm_provider.h), made on first use
+  mutable std::mutex external_mutex;
+  mutable const TorchquantInt8Gemm* external_provider = nullptr;
+  mutable std::shared_ptr<void> external;
 
   int64_t in_features_() const { return in_features; }
   int64_t out_features_() const { return out_features; }
@@ -247,6 +255,7 @@ c10::intrusive_ptr<FbgemmLinearPack> fbgemm_pack_linear(const at::Tensor& weight
   pack->w_zp.resize(channels);
   for (int64_t c = 0; c < channels; ++c) pack->w_zp[c] = static_cast<int32_t>(z.data_ptr<int64_t>()[c]);
   const int8_t* wp = w.data_ptr<int8_t>();
+  pack->weight = w;
   pack->col_offsets.resize(N);
   for (int64_t n = 0; n < N; ++n) {
     int32_t sum = 0;
@@ -282,6 +291,38 @@ static bool use_amx(const FbgemmLinearPack& w, int64_t M) {
   return w.amx && M >= 1 && amx_int8_active();
 }
 
+// ---- an external exact GEMM (int8_gemm_provider.h) ----------------------------------------
+// Set from Python once the oneDNN library is loaded and exact here (set_int8_gemm_provider);
+// used only where fbgemm's own products are exact too (the numbers are those of the exact sums
+// either way), never beside AMX.  The dynamic Linear takes it from kExternalMinRows rows on:
+// there oneDNN's GEMM and fbgemm's epilogue beat fbgemm's quantizing packing and GEMM by 3-6 %;
+// below, the separate epilogue pass costs what the GEMM saves, and the static Linear's fused
+// requantization is as fast as oneDNN's GEMM plus that pass (BENCHMARKS.md, twelfth session).
+constexpr int64_t kExternalMinRows = 256;
+
+static std::atomic<const TorchquantInt8Gemm*> g_int8_gemm{nullptr};
+
+void set_int8_gemm_provider(int64_t address) {
+  g_int8_gemm.store(reinterpret_cast<const TorchquantInt8Gemm*>(address));
+}
+
+bool int8_gemm_provider_set() { return g_int8_gemm.load() != nullptr; }
+
+// The provider's handle for this pack's weight, or nullptr where none is to be used.
+static void* external_gemm(const FbgemmLinearPack& w, int64_t M) {
+  const TorchquantInt8Gemm* provider = g_int8_gemm.load();
+  if (provider == nullptr || M < kExternalMinRows || use_amx(w, M) || !fbgemm_exact_u8()) {
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(w.external_mutex);
+  if (w.external_provider != provider) {
+    void* handle = provider->create(w.weight.data_ptr<int8_t>(), w.out_features, w.in_features);
+    w.external = handle ? std::shared_ptr<void>(handle, provider->destroy) : nullptr;
+    w.external_provider = provider;
+  }
+  return w.external.get();
+}
+
 // Sums of each row of a uint8 [M, K] matrix (fbgemm's row offsets).
 static std::vector<int32_t> row_sums(const uint8_t* a, int64_t M, int64_t K) {
   std::vector<int32_t> sums(M);
@@ -304,6 +345,28 @@ static void with_granularity(const FbgemmLinearPack& w, F&& f) {
   } else {
     f(std::integral_constant<G, G::TENSOR>());
   }
+}
+
+// The external GEMM's exact accumulator for a[M, K], then fbgemm's epilogue (make_proc) over
+// blocks of rows on every thread; false where the provider declined (nothing written).
+template <class Out, class MakeProc>
+static bool external_linear(void* handle, const uint8_t* a, int64_t M,
+                            const FbgemmLinearPack& w, Out* out, const MakeProc& make_proc) {
+  const int64_t N = w.out_features;
+  auto acc = at::empty({M, N}, at::kInt);
+  int32_t* c = acc.data_ptr<int32_t>();
+  if (!g_int8_gemm.load()->run(handle, a, M, c)) return false;
+  const std::vector<int32_t> offsets =
+      w.symmetric ? std::vector<int32_t>() : row_sums(a, M, w.in_features);
+  const int32_t* row_offsets = offsets.empty() ? nullptr : offsets.data();
+  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / N), [&](int64_t begin, int64_t end) {
+    const fbgemm::block_type_t block{static_cast<int>(begin), static_cast<int>(end - begin), 0,
+                                     static_cast<int>(N)};
+    make_proc(row_offsets ? row_offsets + begin : nullptr)
+        .template f<fbgemm::inst_set_t::avx2>(out, c + begin * N, block, static_cast<int>(N),
+                                              static_cast<int>(N));
+  });
+  return true;
 }
 
 template <class Out, class MakeProc>
@@ -367,7 +430,8 @@ static void gemm_dynamic(const float* x, int64_t M, const FbgemmLinearPack& w, Q
                          float* out) {
   const int64_t N = w.out_features, K = w.in_features;
   const float* bias = w.bias.defined() ? w.bias.data_ptr<float>() : nullptr;
-  if (use_amx(w, M)) {
+  void* external = use_amx(w, M) ? nullptr : external_gemm(w, M);
+  if (use_amx(w, M) || external != nullptr) {
     // fbgemm's quantize (what its packing applies, element by element), its row offsets
     auto xq = at::empty({M, K}, at::kByte);
     uint8_t* xq_p = xq.data_ptr<uint8_t>();
@@ -379,14 +443,20 @@ static void gemm_dynamic(const float* x, int64_t M, const FbgemmLinearPack& w, Q
       fbgemm::Quantize<uint8_t>(x + begin * K, xq_p + begin * K, (end - begin) * K, tq);
     });
     fbgemm::DoNothing<float, float> done;
+    bool done_here = true;
     with_granularity(w, [&](auto gran) {
-      amx_linear(xq_p, M, w, out, [&](const int32_t* row_offsets) {
+      auto make_proc = [&](const int32_t* row_offsets) {
         return fbgemm::ReQuantizeForFloat<Relu, decltype(gran)::value>(
             done, q.scale, w.w_scale.data(), q.zero_point, w.w_zp.data(), row_offsets,
             w.col_offsets.data(), bias, static_cast<uint32_t>(N));
-      });
+      };
+      if (external != nullptr) {
+        done_here = external_linear(external, xq_p, M, w, out, make_proc);
+      } else {
+        amx_linear(xq_p, M, w, out, make_proc);
+      }
     });
-    return;
+    if (done_here) return;
   }
   auto acc = at::empty({M, N}, at::kInt);
   int32_t* acc_p = acc.data_ptr<int32_t>();
@@ -844,6 +914,8 @@ TORCH_LIBRARY_FRAGMENT(torchquant_native, m) {
       .def("out_features", &FbgemmLinearPack::out_features_)
       .def("isa", &FbgemmLinearPack::isa_);
   m.def("fbgemm_isa() -> str", &torchquant_native::fbgemm_isa);
+  m.def("set_int8_gemm_provider(int address) -> ()", &torchquant_native::set_int8_gemm_provider);
+  m.def("int8_gemm_provider_set() -> bool", &torchquant_native::int8_gemm_provider_set);
   m.def("fbgemm_exact_u8() -> bool", &torchquant_native::fbgemm_exact_u8);
   m.def("fbgemm_force_isa(str name) -> ()", &torchquant_native::fbgemm_force_isa);
   m.def("fused_activation(Tensor x, str fn) -> Tensor", &torchquant_native::fused_activation);

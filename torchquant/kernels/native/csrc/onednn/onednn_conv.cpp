@@ -18,6 +18,8 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "onednn_common.h"
+
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -30,10 +32,7 @@ namespace {
 
 using dnnl::memory;
 
-dnnl::engine& cpu_engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
+dnnl::engine& cpu_engine() { return onednn_cpu_engine(); }
 
 memory::desc scalar_desc(memory::data_type type) {
   return memory::desc({1}, type, memory::format_tag::a);
@@ -45,6 +44,7 @@ memory::desc scalar_desc(memory::data_type type) {
 struct ConvPrimitive {
   dnnl::convolution_forward primitive;
   memory weight, weight_scale, bias;
+  memory::desc scratchpad;
   int threads = 0;
   std::string implementation;
 };
@@ -89,7 +89,7 @@ std::shared_ptr<const ConvPrimitive> build(const OnednnConvPlan& plan) {
   // product (a one-step difference where that lands on a tie).  So the input scale is
   // oneDNN's scale and the weight scale and bias are post-ops (a per-channel multiply, then
   // add), in torch's order.
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr = onednn_attr();
   attr.set_scales_mask(DNNL_ARG_SRC, 0);
   if (plan.src_zero_point) attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
   if (!plan.float_out) {
@@ -113,6 +113,7 @@ std::shared_ptr<const ConvPrimitive> build(const OnednnConvPlan& plan) {
   out->threads = at::get_num_threads();
   out->implementation = pd.impl_info_str();
   out->primitive = dnnl::convolution_forward(pd);
+  out->scratchpad = pd.scratchpad_desc();
   dnnl::stream stream(engine);
   memory plain(memory::desc(weight_dims, dt::s8, grouped ? tag::goihw : tag::oihw), engine,
                plan.weight.data_ptr());
@@ -224,7 +225,8 @@ at::Tensor onednn_conv(const at::Tensor& x, const c10::intrusive_ptr<OnednnConvP
     args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, dst_scale_mem);
     args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, dst_zp_mem);
   }
-  dnnl::stream stream(engine);
+  args.emplace(DNNL_ARG_SCRATCHPAD, onednn_thread_scratchpad(built->scratchpad));
+  dnnl::stream& stream = onednn_thread_stream();
   built->primitive.execute(stream, args);
   stream.wait();
   return out;

@@ -1,10 +1,13 @@
-"""kernels.native.onednn: int8 conv primitives on oneDNN's own library, kept between calls.
+"""kernels.native.onednn: oneDNN's own library -- int8 conv primitives kept between calls, and the
+exact int8 GEMM the native dynamic Linear takes its accumulator from.
 
 Oracle: torch.ao's quantized conv (``torch.ops.quantized.conv2d`` / ``conv2d_relu``, x86
 engine), bit for bit -- including where a requantized value lands on a half-integer within
 float rounding, which the order of the scale products decides (torch rounds
 ``acc * x_scale`` before multiplying by the weight scale; a dedicated case below).  Runs where
-the library loaded and its products are exact (:func:`onednn.available`)."""
+the library loaded and its products are exact (:func:`onednn.available`).  The GEMM: exact
+integer products, and the native dynamic Linear's numbers unchanged by it (fbgemm's own GEMM's,
+which are torch.ao's)."""
 import os
 import subprocess
 import sys
@@ -229,3 +232,64 @@ def test_switched_off_the_eager_convs_run_without_it():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert "torch.Size([1, 32, 40, 40])" in out.stdout
+
+
+# ---- the int8 GEMM the native fbgemm Linear takes its accumulator from ------------------------
+
+@needs_library
+@pytest.mark.parametrize("m, k, n", [(1, 96, 40), (37, 200, 72), (300, 64, 33), (513, 384, 160)])
+def test_int8_matmul_is_exact(m, k, n):
+    gen = torch.Generator().manual_seed(m + k + n)
+    a = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=gen)
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
+    assert torch.equal(onednn.int8_matmul(a, w).long(), a.long() @ w.long().t())
+
+
+@needs_library
+@pytest.mark.parametrize("per_channel", [True, False])
+@pytest.mark.parametrize("weight_zp", [0, 5])
+@pytest.mark.parametrize("relu", [False, True])
+def test_dynamic_linear_numbers_with_and_without_the_onednn_gemm(per_channel, weight_zp, relu):
+    """fbgemm's epilogue on oneDNN's accumulator (from 256 rows) gives the numbers of fbgemm's
+    own GEMM -- torch.ao's (tests/kernels/test_native.py) -- bit for bit."""
+    from torchquant.kernels import native
+    if not (native.available() and native.exact_u8()):
+        pytest.skip("fbgemm's full-range products are not exact here")
+    gen = torch.Generator().manual_seed(11)
+    n, k = 96, 160
+    w = torch.randint(-100, 100, (n, k), dtype=torch.int8, generator=gen)
+    scale = torch.rand(n if per_channel else 1, generator=gen) * 0.01 + 0.001
+    zp = torch.full_like(scale, weight_zp, dtype=torch.long)
+    pack = torch.ops.torchquant_native.fbgemm_pack_linear(w, scale, zp, torch.randn(n, generator=gen))
+    address = onednn.int8_gemm_provider()
+    set_provider = torch.ops.torchquant_native.set_int8_gemm_provider
+    try:
+        for m in (255, 256, 700):
+            x = torch.randn(m, k, generator=gen) * 3
+            set_provider(address)
+            with_onednn = torch.ops.torchquant_native.fbgemm_linear_dynamic(x, pack, True, relu)
+            set_provider(0)
+            fbgemm_only = torch.ops.torchquant_native.fbgemm_linear_dynamic(x, pack, True, relu)
+            assert torch.equal(with_onednn, fbgemm_only)
+    finally:
+        native._apply_int8_gemm_provider()
+
+
+@needs_library
+def test_dynamic_linear_module_equals_torch_ao_with_the_onednn_gemm():
+    from torchquant.kernels import native
+    if not (native.available() and native.exact_u8()):
+        pytest.skip("fbgemm's full-range products are not exact here")
+    import torch.ao.nn.quantized.dynamic as ao_nnqd
+    import torchquant.nn.quantized.dynamic as tq_nnqd
+    assert torch.ops.torchquant_native.int8_gemm_provider_set()
+    gen = torch.Generator().manual_seed(12)
+    w = torch.randn(128, 192, generator=gen) * 0.05
+    scale = (w.abs().amax(1) / 127).double()
+    zp = torch.zeros(128, dtype=torch.long)
+    theirs = ao_nnqd.Linear(192, 128)
+    theirs.set_weight_bias(torch.quantize_per_channel(w, scale, zp, 0, torch.qint8), None)
+    ours = tq_nnqd.Linear(192, 128)
+    ours.set_weight_bias(tq.quantize_per_channel(w, scale, zp, 0, tq.qint8), None)
+    x = torch.randn(4, 100, 192, generator=gen)  # 400 rows
+    assert torch.equal(ours(x), theirs(x))
