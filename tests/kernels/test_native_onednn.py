@@ -201,10 +201,52 @@ def test_eager_conv_modules_keep_a_primitive_and_equal_torch_ao():
     expected = theirs(torch.quantize_per_tensor(x, 0.01, 0, torch.quint8))
     assert torch.equal(got.int_repr(), expected.int_repr())
     plans = list(ours._packed_params.plans.values())
-    assert plans and all(p.__qualname__.startswith("_kept_onednn_plan") for p in plans)
+    assert plans and all(p.__qualname__.startswith("bound_conv") for p in plans)
 
 
 @needs_library
+@needs_library
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("x_zp", [0, 60])
+def test_conv_add_modules_equal_torch_ao(relu, x_zp):
+    """ConvAdd2d / ConvAddReLU2d (what FX's x86 backend config fuses a ResNet block's conv and
+    add into): the kept primitive sums the addend's codes in place, torch.ao's integers."""
+    gen = torch.Generator().manual_seed(9 + relu + x_zp)
+    cin, cout = 32, 48
+    w, scale = _qweight(cout, cin, 3, gen)
+    bias = torch.randn(cout, generator=gen)
+    qw_ao = torch.quantize_per_channel(w, scale, torch.zeros(cout, dtype=torch.long), 0,
+                                       torch.qint8)
+    qw = tq.quantize_per_channel(w, scale, torch.zeros(cout, dtype=torch.long), 0, tq.qint8)
+    ao_cls = ao_nniq.ConvAddReLU2d if relu else ao_nniq.ConvAdd2d
+    tq_cls = tq_nniq.ConvAddReLU2d if relu else tq_nniq.ConvAdd2d
+    engine = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "onednn"  # torch's conv-add runs on this engine only
+    try:
+        theirs = ao_cls(cin, cout, 3, 1, 1)
+        theirs.set_weight_bias(qw_ao, bias)
+    finally:
+        torch.backends.quantized.engine = engine
+    ours = tq_cls(cin, cout, 3, 1, 1)
+    ours.set_weight_bias(qw, bias)
+    for m in (theirs, ours):
+        m.scale, m.zero_point = 0.09, 11
+    for batch in (1, 3):
+        x = torch.rand(batch, cin, 30, 30, generator=gen)
+        other = torch.randn(batch, cout, 30, 30, generator=gen)
+        q = lambda lib, t, s, z, dt: lib.quantize_per_tensor(t, s, z, dt)
+        for _ in range(2):
+            got = ours(q(tq, x, 0.01, x_zp, tq.quint8), q(tq, other, 0.05, 130, tq.quint8))
+        torch.backends.quantized.engine = "onednn"
+        try:
+            expected = theirs(q(torch, x, 0.01, x_zp, torch.quint8),
+                              q(torch, other, 0.05, 130, torch.quint8))
+        finally:
+            torch.backends.quantized.engine = engine
+        assert torch.equal(got.int_repr(), expected.int_repr())
+    assert any(p.__qualname__.startswith("bound_conv") for p in ours._packed_params.plans.values())
+
+
 def test_disabled_library_leaves_the_eager_path(monkeypatch):
     monkeypatch.setattr(onednn, "available", lambda: False)
     gen = torch.Generator().manual_seed(8)
@@ -213,7 +255,7 @@ def test_disabled_library_leaves_the_eager_path(monkeypatch):
     conv = tq_nnq.Conv2d(32, 32, 3, 1, 1)
     conv.set_weight_bias(qw, None)
     conv(tq.quantize_per_tensor(torch.rand(1, 32, 40, 40), 0.01, 0, tq.quint8))
-    assert not any(p.__qualname__.startswith("_kept_onednn_plan")
+    assert not any(p.__qualname__.startswith("bound_conv")
                    for p in conv._packed_params.plans.values())
 
 

@@ -370,7 +370,7 @@ def _onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedC
     native = _native_plan(x, x_scale, x_zp, packed, out_scale, out_zp, post_op, other)
     if native is not None:
         return native
-    kept = _kept_onednn_plan(x, x_scale, x_zp, packed, out_scale, out_zp, post_op)
+    kept = _kept_onednn_plan(x, x_scale, x_zp, packed, out_scale, out_zp, post_op, other)
     if kept is not None:
         return kept
     if _strided_pointwise(packed) and not onednn_u8s8_exact():
@@ -411,19 +411,27 @@ def _native_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedC
 
 
 def _kept_onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedConvWeight,
-                      out_scale: Scalar, out_zp: Scalar, post_op: PostOp) -> Optional[_Plan]:
+                      out_scale: Scalar, out_zp: Scalar, post_op: PostOp,
+                      other: Optional[torch.Tensor]) -> Optional[_Plan]:
     """oneDNN's conv primitive for inputs shaped like ``x``, built once and kept
     (:mod:`.native.onednn`: torch.ao's integers without the public op's per-call set-up), for
-    2-d convs with no post-op or a ReLU; None elsewhere."""
+    2-d convs with no post-op, a ReLU, or the adds of a uint8 ``other`` (ConvAdd2d /
+    ConvAddReLU2d); None elsewhere."""
     if (packed.spatial_dims != 2 or packed.onednn_weight is None
-            or post_op.name not in ("none", "relu") or not _onednn_library.available()):
+            or not _onednn_library.available()):
+        return None
+    other_qparams = None
+    if post_op.adds:
+        if other is None or other.dtype != torch.uint8:
+            return None
+        other_qparams = (float(post_op.other_scale), int(post_op.other_zero_point))
+    elif post_op.name not in ("none", "relu"):
         return None
     plan = _onednn_library.conv_plan(packed.weight, packed.channel_scale, packed.bias, x.shape,
                                      packed.stride, packed.padding, packed.dilation,
-                                     packed.groups, post_op.name,
-                                     x_zero_point=int(x_zp))
-    run = _onednn_library.bound_conv(plan, x_scale, x_zp, out_scale, out_zp)
-    return lambda x_int, _: run(x_int)
+                                     packed.groups, "relu" if post_op.relu else "none",
+                                     x_zero_point=int(x_zp), other_qparams=other_qparams)
+    return _onednn_library.bound_conv(plan, x_scale, x_zp, out_scale, out_zp)
 
 
 def _onednn_plan_unit(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: PackedConvWeight,

@@ -114,38 +114,46 @@ def describe() -> str:
 def conv_plan(weight: torch.Tensor, weight_scale: torch.Tensor, bias: Optional[torch.Tensor],
               in_shape: Sequence[int], stride: Sequence[int], padding: Sequence[int],
               dilation: Sequence[int], groups: int, unary: str,
-              out_dtype: torch.dtype = torch.uint8, x_zero_point: Optional[int] = None) -> Any:
+              out_dtype: torch.dtype = torch.uint8, x_zero_point: Optional[int] = None,
+              other_qparams: Optional[tuple[float, int]] = None) -> Any:
     """A oneDNN conv primitive for uint8 channels-last inputs of ``in_shape`` and this int8
     ``[out, in / groups, kh, kw]`` weight (zero points 0, float ``weight_scale`` per output
     channel, float ``bias``), ReLU fused where ``unary`` is ``'relu'``: run it with
     :func:`conv`.  ``x_zero_point=0`` builds it for that input zero point only (oneDNN's
-    faster kernel without the zero point's compensation, as torch's conv does)."""
+    faster kernel without the zero point's compensation, as torch's conv does).
+    ``other_qparams`` (scale, zero point): the conv adds a uint8 operand of the output's shape
+    before the ReLU (torch's ConvAdd2d / ConvAddReLU2d), given to each :func:`conv` call."""
     reason = _reason()
     if reason is not None:
         raise RuntimeError(f"torchquant's oneDNN library conv is not available: {reason}")
     return torch.ops.torchquant_native.onednn_conv_plan(
         weight, weight_scale, bias, list(in_shape), list(stride), list(padding), list(dilation),
-        groups, unary, out_dtype, x_zero_point != 0)
+        groups, unary, out_dtype, x_zero_point != 0,
+        None if other_qparams is None else float(other_qparams[0]),
+        0 if other_qparams is None else int(other_qparams[1]))
 
 
 def conv(x: torch.Tensor, plan: Any, x_scale: float, x_zero_point: int, out_scale: float,
-         out_zero_point: int) -> torch.Tensor:
+         out_zero_point: int, other: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``plan`` on ``x`` (uint8 codes of the plan's input shape): uint8 codes quantized with
-    ``out_scale`` / ``out_zero_point`` (channels last), or the float32 output."""
+    ``out_scale`` / ``out_zero_point`` (channels last), or the float32 output; ``other``: the
+    added operand's codes, where the plan has one."""
     return torch.ops.torchquant_native.onednn_conv.default(x, plan, x_scale, x_zero_point,
-                                                          out_scale, out_zero_point)
+                                                          out_scale, out_zero_point, other)
 
 
 def bound_conv(plan: Any, x_scale: float, x_zero_point: int, out_scale: float,
-               out_zero_point: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """:func:`conv` with everything but the input bound, for an eager plan's every call.  It
+               out_zero_point: int) -> Callable[[torch.Tensor, Optional[torch.Tensor]],
+                                                torch.Tensor]:
+    """:func:`conv` with everything but the input (and the added operand) bound, for an eager
+    plan's every call: ``run(x, other)``.  It
     calls the operator's C++ entry directly: the Python ``OpOverload`` call looks through the
     arguments for fake script objects on every call when one is a script object (the plan),
     ~1.5 us of the ~5 us an eager conv spends outside its kernel."""
     op = torch.ops.torchquant_native.onednn_conv.default
     call = getattr(op, "_op", op)
     qparams = (float(x_scale), int(x_zero_point), float(out_scale), int(out_zero_point))
-    return lambda x: call(x, plan, *qparams)
+    return lambda x, other: call(x, plan, *qparams, other)
 
 
 def int8_gemm_provider() -> int:

@@ -57,6 +57,9 @@ struct OnednnConvPlan : torch::CustomClassHolder {
   std::vector<int64_t> in_shape, out_shape, stride, padding, dilation;
   int64_t groups = 1;
   bool relu = false;
+  bool sum = false;            // an added uint8 operand (scale, zero point), before the ReLU
+  float sum_scale = 1.f;
+  int32_t sum_zero_point = 0;
   bool float_out = false;
   bool src_zero_point = true;  // false: built for input zero point 0 (no compensation pass)
   memory::desc src_desc, dst_desc;
@@ -99,6 +102,10 @@ std::shared_ptr<const ConvPrimitive> build(const OnednnConvPlan& plan) {
   dnnl::post_ops post;
   post.append_binary(dnnl::algorithm::binary_mul, channel_desc);
   if (has_bias) post.append_binary(dnnl::algorithm::binary_add, channel_desc);
+  // torch's ConvAdd2d: the addend's codes are the destination's own, summed with their scale
+  // and zero point (set per call: DNNL_RUNTIME_F32_VAL is not there for sums, so the plan is
+  // per addend qparams, which the eager plan's key holds)
+  if (plan.sum) post.append_sum(plan.sum_scale, plan.sum_zero_point);
   if (plan.relu) post.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
   attr.set_post_ops(post);
   memory::dims strides(plan.stride.begin(), plan.stride.end());
@@ -132,7 +139,7 @@ c10::intrusive_ptr<OnednnConvPlan> onednn_conv_plan(
     const at::Tensor& weight, const at::Tensor& weight_scale, const c10::optional<at::Tensor>& bias,
     at::IntArrayRef in_shape, at::IntArrayRef stride, at::IntArrayRef padding,
     at::IntArrayRef dilation, int64_t groups, c10::string_view unary, at::ScalarType out_dtype,
-    bool src_zero_point) {
+    bool src_zero_point, c10::optional<double> sum_scale, int64_t sum_zero_point) {
   const char* op = "onednn_conv_plan";
   TORCH_CHECK_TYPE(weight.scalar_type() == at::kChar && weight.dim() == 4, op,
                    ": weight must be a 4-d int8 tensor, got ", weight.scalar_type(), " ",
@@ -175,6 +182,14 @@ c10::intrusive_ptr<OnednnConvPlan> onednn_conv_plan(
   plan->relu = unary == "relu";
   plan->float_out = out_dtype == at::kFloat;
   plan->src_zero_point = src_zero_point;
+  if (sum_scale.has_value()) {
+    TORCH_CHECK_VALUE(!plan->float_out, op, ": an added operand needs a uint8 output");
+    TORCH_CHECK_VALUE(0 <= sum_zero_point && sum_zero_point <= 255, op, ": the added operand's "
+                      "zero point must be in 0..255, got ", sum_zero_point);
+    plan->sum = true;
+    plan->sum_scale = static_cast<float>(*sum_scale);
+    plan->sum_zero_point = static_cast<int32_t>(sum_zero_point);
+  }
   using dt = memory::data_type;
   plan->src_desc = memory::desc({N, IC, H, W}, dt::u8, memory::format_tag::nhwc);
   plan->dst_desc = memory::desc({N, OC, OH, OW}, plan->float_out ? dt::f32 : dt::u8,
@@ -191,7 +206,7 @@ std::shared_ptr<const ConvPrimitive> OnednnConvPlan::current() {
 
 at::Tensor onednn_conv(const at::Tensor& x, const c10::intrusive_ptr<OnednnConvPlan>& plan,
                        double x_scale, int64_t x_zero_point, double out_scale,
-                       int64_t out_zero_point) {
+                       int64_t out_zero_point, const c10::optional<at::Tensor>& other) {
   TORCH_CHECK_TYPE(x.scalar_type() == at::kByte, "onednn_conv: input must be uint8, got ",
                    x.scalar_type());
   TORCH_CHECK_VALUE(x.sizes() == at::IntArrayRef(plan->in_shape), "onednn_conv: the plan was "
@@ -199,9 +214,19 @@ at::Tensor onednn_conv(const at::Tensor& x, const c10::intrusive_ptr<OnednnConvP
   TORCH_CHECK(x.device().is_cpu(), "onednn_conv: input must be on the CPU");
   TORCH_CHECK_VALUE(plan->src_zero_point || x_zero_point == 0, "onednn_conv: the plan was built "
                     "for input zero point 0, got ", x_zero_point);
+  const bool has_other = other.has_value() && other->defined();
+  TORCH_CHECK_VALUE(has_other == plan->sum, "onednn_conv: the plan was built ",
+                    plan->sum ? "with" : "without", " an added operand");
   auto src = x.contiguous(at::MemoryFormat::ChannelsLast);
   auto out = at::empty(plan->out_shape, x.options().dtype(plan->float_out ? at::kFloat : at::kByte)
                                            .memory_format(at::MemoryFormat::ChannelsLast));
+  if (has_other) {  // oneDNN sums into its destination: a copy of the addend
+    TORCH_CHECK_TYPE(other->scalar_type() == at::kByte, "onednn_conv: the added operand must be "
+                     "uint8, got ", other->scalar_type());
+    TORCH_CHECK_VALUE(other->sizes() == out.sizes(), "onednn_conv: the added operand has shape ",
+                      other->sizes(), ", the output ", out.sizes());
+    out.copy_(*other);
+  }
   auto built = plan->current();
   auto& engine = cpu_engine();
   float src_scale = static_cast<float>(x_scale), dst_scale = static_cast<float>(out_scale);
@@ -260,9 +285,11 @@ TORCH_LIBRARY_FRAGMENT(torchquant_native, m) {
   m.def("onednn_cpu_isa() -> str", &torchquant_native::onednn_cpu_isa);
   m.def("onednn_conv_plan(Tensor weight, Tensor weight_scale, Tensor? bias, int[] in_shape, "
         "int[] stride, int[] padding, int[] dilation, int groups, str unary, "
-        "ScalarType out_dtype, bool src_zero_point) -> __torch__.torch.classes.torchquant_native.OnednnConvPlan");
+        "ScalarType out_dtype, bool src_zero_point, float? sum_scale=None, int sum_zero_point=0) "
+        "-> __torch__.torch.classes.torchquant_native.OnednnConvPlan");
   m.def("onednn_conv(Tensor x, __torch__.torch.classes.torchquant_native.OnednnConvPlan plan, "
-        "float x_scale, int x_zero_point, float out_scale, int out_zero_point) -> Tensor");
+        "float x_scale, int x_zero_point, float out_scale, int out_zero_point, Tensor? other=None) "
+        "-> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(torchquant_native, CPU, m) {
