@@ -40,6 +40,7 @@ from ... import affine as _affine
 from ..._log import emit_once
 from .. import cpu_isa
 from ..registry import implementations, register
+from . import onednn as _onednn_library
 
 __all__ = ["available", "describe", "isa", "amx", "exact_u8", "force_isa", "pack",
            "conv_preferred", "conv_preferred_any_batch", "native_max_batch", "split_conv_applies",
@@ -182,9 +183,9 @@ def _apply_int8_gemm_provider() -> None:
     """The int8 Linear's accumulator from oneDNN's own library (:mod:`.onednn`) where that runs
     here and fbgemm is not forced lower; fbgemm's GEMM otherwise.  Its epilogue is fbgemm's
     either way."""
-    from . import onednn
-    use = onednn.available() and not _state.get("fbgemm_forced", False)
-    torch.ops.torchquant_native.set_int8_gemm_provider(onednn.int8_gemm_provider() if use else 0)
+    use = _onednn_library.available() and not _state.get("fbgemm_forced", False)
+    torch.ops.torchquant_native.set_int8_gemm_provider(
+        _onednn_library.int8_gemm_provider() if use else 0)
 
 
 def _on_cap_change() -> None:
