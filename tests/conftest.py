@@ -1,6 +1,8 @@
 import functools
 import io
 import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -121,6 +123,15 @@ def torch_oracle_exact_u8() -> bool:
         engines = [e for e in ("x86", "fbgemm", "onednn")
                    if e in torch.backends.quantized.supported_engines]
         return all(_torch_linear_conv_u8(e) == (207, 233) for e in engines)
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    """``code`` run by a fresh interpreter with these environment variables added (and
+    torchquant's messages quiet); asserts that it exited 0, showing its stderr if not."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, TORCHQUANT_QUIET="1", **env))
+    assert out.returncode == 0, out.stderr
+    return out
 
 
 def oracle_u8(size, high=256) -> torch.Tensor:

@@ -7,9 +7,6 @@ CPU's fbgemm kernels and with fbgemm forced down to AVX2."""
 import contextlib
 import copy
 import itertools
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,6 +19,7 @@ from torchquant.kernels import linear_small_m as S
 from torchquant.kernels import native
 from torchquant.kernels.packed_linear import pack_linear_weight
 from torchquant.kernels.recurrent import gru_sequence_reference, lstm_sequence_reference
+from conftest import run_python
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=native.describe())
 
@@ -225,11 +223,7 @@ def test_disabled_by_environment_variable():
             "p = pack_linear_weight(torch.ones(4, 8, dtype=torch.int8), torch.tensor(0.1),"
             " torch.tensor(0))\n"
             "print(dynamic_linear(torch.ones(2, 8), p).shape)\n")
-    env = dict(os.environ, TORCHQUANT_NATIVE="0", TORCHQUANT_QUIET="1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "torch.Size([2, 4])" in out.stdout
+    assert "torch.Size([2, 4])" in run_python(code, TORCHQUANT_NATIVE="0").stdout
 
 
 @pytest.mark.parametrize("fn", ["sigmoid", "tanh"])
@@ -258,9 +252,7 @@ def test_fused_cells_follow_aten_cpu_capability():
             "    assert torch.equal(a, b), mode\n"
             "print('ok')\n")
     for env in ({"ATEN_CPU_CAPABILITY": "avx2"}, {"TORCHQUANT_FUSED_GATES": "0"}):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env=dict(os.environ, TORCHQUANT_QUIET="1", **env), timeout=120)
-        assert out.returncode == 0 and "ok" in out.stdout, (env, out.stderr[-2000:])
+        assert "ok" in run_python(code, **env).stdout, env
 
 
 @pytest.mark.parametrize("rows,n,k", [(1, 300, 768), (32, 300, 256), (128, 64, 100), (7, 33, 64)])

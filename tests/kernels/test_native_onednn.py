@@ -8,10 +8,6 @@ float rounding, which the order of the scale products decides (torch rounds
 the library loaded and its products are exact (:func:`onednn.available`).  The GEMM: exact
 integer products, and the native dynamic Linear's numbers unchanged by it (fbgemm's own GEMM's,
 which are torch.ao's)."""
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
@@ -23,6 +19,7 @@ import torchquant.nn.intrinsic.quantized as tq_nniq
 import torchquant.nn.quantized as tq_nnq
 from torchquant.kernels import conv as kernels_conv
 from torchquant.kernels.native import onednn
+from conftest import run_python
 
 needs_library = pytest.mark.skipif(not onednn.available(), reason=onednn.describe())
 
@@ -269,11 +266,7 @@ def test_switched_off_the_eager_convs_run_without_it():
             "x = tq.quantize_per_tensor(torch.rand(1, 32, 40, 40), 0.01, 0, tq.quint8)\n"
             "print(c(x).shape)\n"
             "assert 'onednn_conv' not in torch.ops.torchquant_native.__dict__\n")
-    env = dict(os.environ, TORCHQUANT_ONEDNN_LIBRARY="0", TORCHQUANT_QUIET="1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "torch.Size([1, 32, 40, 40])" in out.stdout
+    assert "torch.Size([1, 32, 40, 40])" in run_python(code, TORCHQUANT_ONEDNN_LIBRARY="0").stdout
 
 
 # ---- the int8 GEMM the native fbgemm Linear takes its accumulator from ------------------------
