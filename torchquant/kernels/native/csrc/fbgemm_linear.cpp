@@ -218,7 +218,7 @@ struct FbgemmLinearPack : torch::CustomClassHolder {
   bool symmetric = true;             // every weight zero point 0: no row offsets needed
   fbgemm::inst_set_t isa = fbgemm::inst_set_t::anyarch;
   std::unique_ptr<AmxPackedB> amx;   // the weight for the AMX GEMM, where the CPU has AMX
-  at::Tensor weight;                 // int8 [N, K], for an external GEMM's own packing
+  at::Tensor weight;                 // int8 [N, K]: an external GEMM reads it (outlives its handle)
   // the external GEMM's handle for this weight (int8_gemm_provider.h), made on first use
   mutable std::mutex external_mutex;
   mutable const TorchquantInt8Gemm* external_provider = nullptr;

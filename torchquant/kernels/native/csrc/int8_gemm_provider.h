@@ -9,7 +9,8 @@
 extern "C" {
 
 struct TorchquantInt8Gemm {
-  // A handle for the int8 weight [N, K] (row-major), its data copied; nullptr on failure.
+  // A handle for the int8 weight [N, K] (row-major), which must outlive the handle (it is read
+  // again for each new row count); nullptr on failure.
   void* (*create)(const int8_t* weight, int64_t N, int64_t K);
   // c[M, N] = a[M, K] (uint8) x weight^T, exact int32 sums; false where it cannot.
   bool (*run)(void* handle, const uint8_t* a, int64_t M, int32_t* c);

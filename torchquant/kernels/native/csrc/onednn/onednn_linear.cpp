@@ -28,7 +28,7 @@ using dnnl::memory;
 // One weight's matmuls: a primitive per (rows, thread count), the weight reordered once per
 // layout the primitives ask for (the same one for every row count measured).
 struct MatmulWeight {
-  std::vector<int8_t> weight;  // [N, K] row-major: oneDNN's [K, N] in "ba" order
+  const int8_t* weight = nullptr;  // the caller's [N, K] row-major: oneDNN's [K, N], "ba" order
   int64_t N = 0, K = 0;
   struct Entry {
     dnnl::matmul primitive;
@@ -58,7 +58,7 @@ struct MatmulWeight {
       if (layout.first == pd.weights_desc()) made->weight = layout.second;
     }
     if (!made->weight) {
-      memory plain(memory::desc({K, N}, dt::s8, tag::ba), engine, weight.data());
+      memory plain(memory::desc({K, N}, dt::s8, tag::ba), engine, const_cast<int8_t*>(weight));
       made->weight = memory(pd.weights_desc(), engine);
       dnnl::stream stream(engine);
       dnnl::reorder(plain, made->weight).execute(stream, plain, made->weight);
@@ -74,7 +74,7 @@ struct MatmulWeight {
 void* create(const int8_t* weight, int64_t N, int64_t K) {
   try {
     auto w = std::make_unique<MatmulWeight>();
-    w->weight.assign(weight, weight + N * K);
+    w->weight = weight;
     w->N = N;
     w->K = K;
     return w.release();
