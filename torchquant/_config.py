@@ -15,7 +15,8 @@ only the standard library, so every layer may import it.
   ``avx512_vnni`` / ``amx`` / ``default`` (read at import; also part of the compile-cache key).
 * ``TORCHQUANT_NATIVE``: ``0`` keeps the native C++ library from loading (read on first use).
 * ``TORCHQUANT_ONEDNN_LIBRARY``: ``0`` keeps torchquant's library on oneDNN's own libdnnl
-  (``_onednn.so``: the kept conv primitives) from loading (read on first use).
+  (``_onednn.so``: the kept conv primitives, the dynamic Linear's GEMM) from loading (read on
+  first use).
 * ``TORCHQUANT_COMPILE_LOWERING``: ``0`` turns off the exact compile lowerings of conv / add
   (read per call).
 * ``TORCHQUANT_ONEDNN_MIN_ROWS``: fewest rows the int8 Linear sends to oneDNN (default 1; read

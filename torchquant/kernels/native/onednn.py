@@ -93,7 +93,8 @@ def _reason() -> Optional[str]:
 
 
 def available() -> bool:
-    """Whether kept oneDNN conv primitives run here (says once, at debug level, why not)."""
+    """Whether the library's kept primitives (the convs, the Linear's GEMM) run here (says
+    once, at debug level, why not)."""
     reason = _reason()
     if reason is not None:
         emit_once(logging.DEBUG, f"oneDNN library conv unused: {reason}", key="onednn-library")
@@ -146,10 +147,10 @@ def bound_conv(plan: Any, x_scale: float, x_zero_point: int, out_scale: float,
                out_zero_point: int) -> Callable[[torch.Tensor, Optional[torch.Tensor]],
                                                 torch.Tensor]:
     """:func:`conv` with everything but the input (and the added operand) bound, for an eager
-    plan's every call: ``run(x, other)``.  It
-    calls the operator's C++ entry directly: the Python ``OpOverload`` call looks through the
-    arguments for fake script objects on every call when one is a script object (the plan),
-    ~1.5 us of the ~5 us an eager conv spends outside its kernel."""
+    plan's every call: ``run(x, other)``.  It calls the operator's C++ entry directly: the
+    Python ``OpOverload`` call searches the arguments for fake script objects on every call
+    when one is a script object (the plan), a third of what an eager conv spends outside its
+    kernel (BENCHMARKS.md, twelfth session)."""
     op = torch.ops.torchquant_native.onednn_conv.default
     call = getattr(op, "_op", op)
     qparams = (float(x_scale), int(x_zero_point), float(out_scale), int(out_zero_point))

@@ -295,9 +295,10 @@ static bool use_amx(const FbgemmLinearPack& w, int64_t M) {
 // Set from Python once the oneDNN library is loaded and exact here (set_int8_gemm_provider);
 // used only where fbgemm's own products are exact too (the numbers are those of the exact sums
 // either way), never beside AMX.  The dynamic Linear takes it from kExternalMinRows rows on:
-// there oneDNN's GEMM and fbgemm's epilogue beat fbgemm's quantizing packing and GEMM by 3-6 %;
-// below, the separate epilogue pass costs what the GEMM saves, and the static Linear's fused
-// requantization is as fast as oneDNN's GEMM plus that pass (BENCHMARKS.md, twelfth session).
+// there oneDNN's GEMM and fbgemm's epilogue beat fbgemm's quantizing packing and GEMM; below,
+// and in the RNNs' per-step GEMMs, the separate epilogue pass costs more than the GEMM saves,
+// and the static Linear's fused requantization is as fast as oneDNN's GEMM plus that pass
+// (BENCHMARKS.md, twelfth session).
 constexpr int64_t kExternalMinRows = 256;
 
 static std::atomic<const TorchquantInt8Gemm*> g_int8_gemm{nullptr};

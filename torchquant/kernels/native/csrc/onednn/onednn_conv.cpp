@@ -1,13 +1,14 @@
 // The int8 2-d conv on oneDNN's own library (libdnnl, the OpenMP build of the onednn-cpu-gomp
 // wheel), a primitive built once per input shape and kept: what torch.ao's x86 conv does with
 // the oneDNN inside torch, which torch does not export.  The public onednn::qconv_pointwise op
-// torchquant may call builds its descriptors again on every call (~10-20 us at ResNet sizes,
-// BENCHMARKS.md).
+// torchquant may call builds its descriptors again on every call (BENCHMARKS.md, twelfth
+// session).
 //
-// Same attributes as torch's quantized conv: uint8 channels-last source with a runtime scale
-// and zero point, int8 weight (zero points 0) with per-output-channel scales, float32 bias,
-// optional ReLU, uint8 destination with a runtime scale and zero point (or float32 out without
-// them).  The integers equal torch.ao's on the CPUs the tests run on (tests/kernels).
+// The computation of torch's quantized conv: uint8 channels-last source with a runtime scale
+// and zero point, int8 weight (zero points 0) with per-output-channel scales and a float32
+// bias (post-ops, in torch's rounding order), an optional uint8 addend and ReLU, uint8
+// destination with a runtime scale and zero point (or float32 out without them).  The integers
+// equal torch.ao's on the CPUs the tests run on (tests/kernels/test_native_onednn.py).
 //
 // Built into its own library (_onednn.so) beside _C.so, so that a missing libdnnl costs these
 // ops only; the headers are the oneDNN headers torch ships (oneDNN 3.x C API).
@@ -31,8 +32,6 @@ namespace torchquant_native {
 namespace {
 
 using dnnl::memory;
-
-dnnl::engine& cpu_engine() { return onednn_cpu_engine(); }
 
 memory::desc scalar_desc(memory::data_type type) {
   return memory::desc({1}, type, memory::format_tag::a);
@@ -78,7 +77,7 @@ namespace {
 std::shared_ptr<const ConvPrimitive> build(const OnednnConvPlan& plan) {
   using dt = memory::data_type;
   using tag = memory::format_tag;
-  auto& engine = cpu_engine();
+  auto& engine = onednn_cpu_engine();
   const int64_t OC = plan.weight.size(0), ICG = plan.weight.size(1);
   const int64_t KH = plan.weight.size(2), KW = plan.weight.size(3), G = plan.groups;
   const bool grouped = G > 1;
@@ -228,7 +227,7 @@ at::Tensor onednn_conv(const at::Tensor& x, const c10::intrusive_ptr<OnednnConvP
     out.copy_(*other);
   }
   auto built = plan->current();
-  auto& engine = cpu_engine();
+  auto& engine = onednn_cpu_engine();
   float src_scale = static_cast<float>(x_scale), dst_scale = static_cast<float>(out_scale);
   int32_t src_zp = static_cast<int32_t>(x_zero_point), dst_zp = static_cast<int32_t>(out_zero_point);
   memory src_mem(plan->src_desc, engine, src.data_ptr());

@@ -1,8 +1,7 @@
 // The exact u8 x s8 -> s32 GEMM of the int8 Linear on oneDNN's own library: a matmul primitive
 // per row count, kept with the weight in its layout.  _C.so's fbgemm Linear takes its
-// accumulator from here (int8_gemm_provider.h) and applies fbgemm's epilogue as torch.ao
-// does; oneDNN's brgemm kernels are faster than fbgemm's at every shape measured
-// (BENCHMARKS.md, twelfth session).
+// accumulator from here (int8_gemm_provider.h) at many rows, where oneDNN's brgemm GEMM is the
+// faster one, and applies fbgemm's epilogue as torch.ao does (BENCHMARKS.md, twelfth session).
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
