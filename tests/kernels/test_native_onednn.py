@@ -328,3 +328,25 @@ def test_dynamic_linear_module_equals_torch_ao_with_the_onednn_gemm():
     ours.set_weight_bias(tq.quantize_per_channel(w, scale, zp, 0, tq.qint8), None)
     x = torch.randn(4, 100, 192, generator=gen)  # 400 rows
     assert torch.equal(ours(x), theirs(x))
+
+
+@needs_library
+def test_saturating_choices_turn_the_library_off():
+    """Under a saturating CPU cap (TORCHQUANT_CPU_ISA=avx2) the kept convs and the Linear's
+    oneDNN GEMM stand down, as every other exact-products path does; forcing fbgemm lower
+    unsets the GEMM, 'auto' sets it again."""
+    code = ("import torch\n"
+            "from torchquant.kernels import native\n"
+            "from torchquant.kernels.native import onednn\n"
+            "assert native.available() and not onednn.available()\n"
+            "assert not torch.ops.torchquant_native.int8_gemm_provider_set()\n"
+            "print('ok')\n")
+    assert "ok" in run_python(code, TORCHQUANT_CPU_ISA="avx2").stdout
+    from torchquant.kernels import native
+    assert native.available() and torch.ops.torchquant_native.int8_gemm_provider_set()
+    try:
+        native.force_isa("avx2")
+        assert not torch.ops.torchquant_native.int8_gemm_provider_set()
+    finally:
+        native.force_isa("auto")
+    assert torch.ops.torchquant_native.int8_gemm_provider_set()
