@@ -356,7 +356,8 @@ static bool external_linear(void* handle, const uint8_t* a, int64_t M,
   const int64_t N = w.out_features;
   auto acc = at::empty({M, N}, at::kInt);
   int32_t* c = acc.data_ptr<int32_t>();
-  if (!g_int8_gemm.load()->run(handle, a, M, c)) return false;
+  // the provider that made the handle (the global one may have been unset since)
+  if (!w.external_provider->run(handle, a, M, c)) return false;
   const std::vector<int32_t> offsets =
       w.symmetric ? std::vector<int32_t>() : row_sums(a, M, w.in_features);
   const int32_t* row_offsets = offsets.empty() ? nullptr : offsets.data();
