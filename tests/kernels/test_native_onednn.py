@@ -244,6 +244,27 @@ def test_conv_add_modules_equal_torch_ao(relu, x_zp):
     assert any(p.__qualname__.startswith("bound_conv") for p in ours._packed_params.plans.values())
 
 
+@needs_library
+def test_a_primitive_oneDNN_refuses_leaves_the_conv_to_the_public_op(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("could not create a primitive descriptor")
+    monkeypatch.setattr(onednn, "conv_plan", refuse)
+    gen = torch.Generator().manual_seed(10)
+    w, scale = _qweight(32, 32, 3, gen)
+    qw = tq.quantize_per_channel(w, scale, torch.zeros(32, dtype=torch.long), 0, tq.qint8)
+    conv = tq_nnq.Conv2d(32, 32, 3, 1, 1)
+    conv.set_weight_bias(qw, None)
+    _, theirs = _torch_ao_conv(w, scale, None, (32, 32, 3, 40, 1, 1, 1, 1), False)
+    for m in (conv, theirs):
+        m.scale, m.zero_point = 0.04, 3
+    x = torch.rand(1, 32, 40, 40, generator=gen)
+    got = conv(tq.quantize_per_tensor(x, 0.01, 0, tq.quint8))
+    expected = theirs(torch.quantize_per_tensor(x, 0.01, 0, torch.quint8))
+    assert torch.equal(got.int_repr(), expected.int_repr())
+    assert not any(p.__qualname__.startswith("bound_conv")
+                   for p in conv._packed_params.plans.values())
+
+
 def test_disabled_library_leaves_the_eager_path(monkeypatch):
     monkeypatch.setattr(onednn, "available", lambda: False)
     gen = torch.Generator().manual_seed(8)

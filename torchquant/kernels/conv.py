@@ -21,6 +21,7 @@ The packed weight remembers the geometry it was blocked for; calls must use the 
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
@@ -33,6 +34,7 @@ from .native import onednn as _onednn_library
 from . import sparse_correction as _sparse
 from .registry import get, register
 from .. import affine
+from .._log import emit_once
 from .. import dtypes as _dt
 from .arguments import (PLAN_CACHE_SIZE, Scalar, activation_qdtype, call_key, check_bias,
                         check_weight_qparams, per_channel_view, validated_qparams)
@@ -427,10 +429,15 @@ def _kept_onednn_plan(x: torch.Tensor, x_scale: Scalar, x_zp: Scalar, packed: Pa
         other_qparams = (float(post_op.other_scale), int(post_op.other_zero_point))
     elif post_op.name not in ("none", "relu"):
         return None
-    plan = _onednn_library.conv_plan(packed.weight, packed.channel_scale, packed.bias, x.shape,
-                                     packed.stride, packed.padding, packed.dilation,
-                                     packed.groups, "relu" if post_op.relu else "none",
-                                     x_zero_point=int(x_zp), other_qparams=other_qparams)
+    try:
+        plan = _onednn_library.conv_plan(packed.weight, packed.channel_scale, packed.bias,
+                                         x.shape, packed.stride, packed.padding, packed.dilation,
+                                         packed.groups, "relu" if post_op.relu else "none",
+                                         x_zero_point=int(x_zp), other_qparams=other_qparams)
+    except RuntimeError as e:  # a conv oneDNN 3.2 has no primitive for: the public op runs it
+        emit_once(logging.DEBUG, f"kept oneDNN conv primitive not built ({e}); oneDNN's "
+                  "public op runs this conv", key="kept-conv-failed")
+        return None
     return _onednn_library.bound_conv(plan, x_scale, x_zp, out_scale, out_zp)
 
 
