@@ -20,6 +20,7 @@ dynamic Linear has no CPU choice of its own (a float32 GEMM of the widened weigh
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Callable, Iterator
 
 from .. import _config
@@ -69,8 +70,10 @@ def int8_pairs_forced_saturating() -> bool:
     return _CAP in _SATURATING
 
 
+@functools.cache
 def cpu_flags() -> tuple[str, ...]:
-    """The x86 SIMD flags of this CPU that matter here (from /proc/cpuinfo; empty elsewhere)."""
+    """The x86 SIMD flags of this CPU that matter here (from /proc/cpuinfo, read once; empty
+    elsewhere)."""
     interesting = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
                    "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16")
     try:

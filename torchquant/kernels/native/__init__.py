@@ -41,6 +41,7 @@ from ..._log import emit_once
 from .. import cpu_isa
 from ..registry import implementations, register
 from . import onednn as _onednn_library
+from ._entry import cpp_entry
 
 __all__ = ["available", "describe", "isa", "amx", "exact_u8", "force_isa", "pack",
            "conv_preferred", "conv_preferred_any_batch", "native_max_batch", "split_conv_applies",
@@ -372,17 +373,9 @@ def _applies(x: torch.Tensor, packed: Any = None, reduce_range: bool = True, **_
             and (bool(reduce_range) or exact_u8()))
 
 
-def _builtin(name: str) -> Callable[..., Any]:
-    """The C++ function behind ``torch.ops.torchquant_native.<name>.default``.  Ops taking an
-    fbgemm pack (a script object) are torchbind overloads, whose Python ``__call__`` scans the
-    arguments for export's fake script objects on every call (~2 us, as long as a small GEMM);
-    these kernels only ever see real packs (graphs hold torchquant's ops, not these)."""
-    return getattr(torch.ops.torchquant_native, name).default._op
-
-
 def dynamic_linear(x2d: torch.Tensor, packed: Any, reduce_range: bool, relu: bool) -> torch.Tensor:
     """torch.ao's dynamic Linear (fbgemm) of a float32 ``[M, K]`` input, float32 out."""
-    return _builtin("fbgemm_linear_dynamic")(x2d, pack(packed), reduce_range, relu)
+    return cpp_entry("fbgemm_linear_dynamic")(x2d, pack(packed), reduce_range, relu)
 
 
 def _static_applies(x: torch.Tensor, packed: Any = None, out_qdtype: Any = None,
@@ -408,7 +401,7 @@ def static_linear(x2d: torch.Tensor, x_scale: float, x_zp: int, packed: Any, out
                       impls[-1])
         return kernel.fn(x2d, x_scale, x_zp, packed, out_scale, out_zp, out_qdtype, post_op,
                          other)
-    return _builtin("fbgemm_linear_static")(
+    return cpp_entry("fbgemm_linear_static")(
         x2d, float(x_scale), int(x_zp), pack(packed), float(out_scale), int(out_zp),
         post_op.name == "relu")
 
@@ -421,7 +414,7 @@ def _static_linear_plan(x2d: torch.Tensor, x_scale: float, x_zp: int, packed: An
     up per call (fbgemm may be forced to another instruction set)."""
     if not _static_applies(x2d, packed, out_qdtype, post_op.name):
         return None
-    op = _builtin("fbgemm_linear_static")
+    op = cpp_entry("fbgemm_linear_static")
     numbers = (float(x_scale), int(x_zp))
     tail = (float(out_scale), int(out_zp), post_op.name == "relu")
     return lambda x: op(x, *numbers, pack(packed), *tail)

@@ -29,6 +29,7 @@ import torch
 from ... import _config
 from ..._log import emit_once
 from .. import cpu_isa
+from ._entry import cpp_entry
 
 __all__ = ["available", "describe", "conv_plan", "conv", "bound_conv", "int8_gemm_provider",
            "int8_matmul"]
@@ -147,12 +148,10 @@ def bound_conv(plan: Any, x_scale: float, x_zero_point: int, out_scale: float,
                out_zero_point: int) -> Callable[[torch.Tensor, Optional[torch.Tensor]],
                                                 torch.Tensor]:
     """:func:`conv` with everything but the input (and the added operand) bound, for an eager
-    plan's every call: ``run(x, other)``.  It calls the operator's C++ entry directly: the
-    Python ``OpOverload`` call searches the arguments for fake script objects on every call
-    when one is a script object (the plan), a third of what an eager conv spends outside its
-    kernel (BENCHMARKS.md, twelfth session)."""
-    op = torch.ops.torchquant_native.onednn_conv.default
-    call = getattr(op, "_op", op)
+    plan's every call: ``run(x, other)``, through the op's C++ entry (:func:`._entry.cpp_entry`:
+    the Python call's search for fake script objects was a third of what an eager conv spends
+    outside its kernel, BENCHMARKS.md, twelfth session)."""
+    call = cpp_entry("onednn_conv")
     qparams = (float(x_scale), int(x_zero_point), float(out_scale), int(out_zero_point))
     return lambda x, other: call(x, plan, *qparams, other)
 

@@ -3,8 +3,8 @@ torchquant's native float32 attention where that is faster (short sequences).
 
 The quantized encoders torchquant compiles keep their attention in float (the quantizers
 annotate the Linears), and at the sizes of a sentence encoder (all-MiniLM: 12 heads of 32,
-128 tokens) ATen's flash attention, blocked for long sequences, took ~40 % of the compiled
-forward.  ``torchquant_native::attention`` computes the same softmax(q k^T * scale + mask) v in
+128 tokens) ATen's flash attention, blocked for long sequences, took a large share of the
+compiled forward (BENCHMARKS.md, 2026-12-07 eleventh session).  ``torchquant_native::attention`` computes the same softmax(q k^T * scale + mask) v in
 float32 with another summation order (within float32 rounding of it; tests bound it).
 
 Only in the graphs ``torchquant.compile`` compiles (ahead of time for this process, or through

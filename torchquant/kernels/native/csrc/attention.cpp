@@ -3,8 +3,9 @@
 //   out[i] = sum_j p[i, j] * v[j] / sum_j p[i, j],  p[i, j] = exp(s[i, j] - max_j s[i, j]),
 //   s[i, j] = (q[i] . k[j]) * scale + mask[i, j]
 //
-// The quantized encoders torchquant compiles (all-MiniLM: 12 heads of 32, 128 tokens) spend
-// ~40 % of a forward in ATen's CPU flash attention, whose blocking is made for long sequences.
+// The quantized encoders torchquant compiles (all-MiniLM: 12 heads of 32, 128 tokens) spent a
+// large share of a forward in ATen's CPU flash attention, whose blocking is made for long
+// sequences (BENCHMARKS.md, 2026-12-07 eleventh session).
 // Here a head's K is packed transposed once, four query rows at a time get their scores in
 // registers, their softmax and their weighted sum of V, all within a thread's cache.  Rows
 // whose mask is -inf everywhere give zeros, as ATen's flash attention does; a NaN among a row's
@@ -161,7 +162,7 @@ struct Scratch {
 };
 
 // kt[d, j] = k[j, d] (d a multiple of 8), columns tk..tk_pad zero.  Blocks of 8 x 8 go
-// through registers: element by element, the strided stores cost a fifth of the kernel.
+// through registers: element by element, the strided stores were a large part of the kernel.
 __attribute__((target("avx2,fma"))) inline void pack_transposed(const Head& h, float* kt,
                                                                  int64_t tk_pad) {
   const int64_t tk8 = h.tk / 8 * 8;
