@@ -7,7 +7,7 @@ Two threads (torch and ORT's intra-op pool; ORT's pool does not spin between run
 names the CPU and its int8-relevant flags.  For each workload the same converted model runs in
 torchquant (eager, and ``torchquant.compile`` where it applies) and, exported with
 ``torchquant.onnx.export`` (QDQ; dynamic batch: one file serves every batch size), in ONNX
-Runtime's CPU EP.  Times are medians over interleaved rounds (each round runs every
+Runtime's CPU EP; the eager / FX CNNs also in the export's ``exact=True`` form.  Times are medians over interleaved rounds (each round runs every
 implementation once, in short blocks), so a stall of the shared machine hits all rows alike.
 Each row also prints its fidelity to float (output SQNR in dB; mean-pooled embedding cosine
 for MiniLM) and, for ORT rows, its largest difference from the torchquant model it was
@@ -83,10 +83,11 @@ def _ort_fn(path: str, names: list[str]) -> Callable:
     return run
 
 
-def _export(model: nn.Module, example: tuple, path: str, names: list[str]) -> Callable:
+def _export(model: nn.Module, example: tuple, path: str, names: list[str],
+            exact: bool = False) -> Callable:
     import torchquant.onnx as tq_onnx
     t0 = time.perf_counter()
-    tq_onnx.export(model, example, path, input_names=names)
+    tq_onnx.export(model, example, path, input_names=names, exact=exact)
     print(f"  exported {Path(path).name} in {time.perf_counter() - t0:.1f} s")
     return _ort_fn(path, names)
 
@@ -182,6 +183,10 @@ def cnn(which: str, quick: bool, timing: dict, tmp: str) -> None:
         _try(f"ORT ({name.split()[1]} export)",
              lambda: _export(impls[name], calib[0], f"{tmp}/{which}_a.onnx", ["x"]), impls)
         sources[f"ORT ({name.split()[1]} export)"] = name
+        _try(f"ORT ({name.split()[1]} export, exact)",
+             lambda: _export(impls[name], calib[0], f"{tmp}/{which}_e.onnx", ["x"], exact=True),
+             impls)
+        sources[f"ORT ({name.split()[1]} export, exact)"] = name
     if "m" in pt2e:
         impls["torchquant PT2E (reference graph)"] = pt2e["m"]
         _try("ORT (PT2E export)",

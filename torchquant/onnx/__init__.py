@@ -5,7 +5,8 @@
 (else NotImplementedError naming the node, before anything is written), and exports with
 ``torch.onnx.export(dynamo=True)`` and torchquant's translations: QuantizeLinear /
 DequantizeLinear around float ops, int8 weights as initializers with per-channel ``axis``,
-MatMulInteger for dynamic Linear.  onnx and onnxscript (the ``onnx`` extra) are optional:
+MatMulInteger for dynamic Linear (``exact=True``: the static ops in a form ONNX Runtime
+computes torchquant's integers with).  onnx and onnxscript (the ``onnx`` extra) are optional:
 this module imports without them and ``export`` raises ImportError saying what to install.
 """
 from __future__ import annotations
@@ -103,7 +104,7 @@ def _capture(model: torch.nn.Module, example_inputs: tuple, dynamic_batch: bool,
 def export(model: Union[torch.nn.Module, torch.export.ExportedProgram],
            example_inputs: Sequence[Any], path: Union[str, os.PathLike], *,
            dynamic_batch: bool = True, opset: int = DEFAULT_OPSET, lower: bool = True,
-           input_names: Sequence[str] | None = None,
+           exact: bool = False, input_names: Sequence[str] | None = None,
            output_names: Sequence[str] | None = None) -> str:
     """Write ``model`` (converted by ``convert_pt2e``, ``convert_fx``,
     ``torchquant.quantization.convert`` or ``quantize_dynamic``) to ``path`` as ONNX in QDQ
@@ -116,6 +117,15 @@ def export(model: Union[torch.nn.Module, torch.export.ExportedProgram],
     ``lower``: a PT2E graph is first lowered onto torchquant's fused ops
     (:func:`torchquant.quantization.pt2e.lowering.lower_pt2e`, same numbers), which gives
     ONNX Runtime whole QDQ units to fuse; ``False`` exports the reference graph as it is.
+    ``exact``: the static convs, Linears and adds in an integer-exact form instead of QDQ
+    units -- the codes minus their zero points and the integer weights as float32 through a
+    float Conv / MatMul (exact while partial sums stay below 2**24 in magnitude: certain where
+    ``sum |w| * max |x - zp|`` does, and in practice for real activations), then torchquant's
+    epilogue op by op -- so ONNX Runtime computes torchquant's integers (up to the rounding
+    order of a few ties where torchquant's own kernels differ); ORT runs it as float
+    convs, slower than its fused integer kernels (BENCHMARKS.md).  Deep static CNNs converted
+    by FX / eager drift 1-3 steps at a few % of outputs in the default QDQ form (ORT adds the
+    bias on the integer grid), within one step everywhere in this form.
     ``opset``: the ONNX opset (>= 18: the opset of torch's translations of the float ops).
     Raises ImportError without onnx / onnxscript and NotImplementedError, naming the node,
     for a torchquant op (or op variant) that has no ONNX translation.
@@ -129,7 +139,7 @@ def export(model: Union[torch.nn.Module, torch.export.ExportedProgram],
     with _quiet_exporter():
         onnx_program = torch.onnx.export(
             program, tuple(example_inputs), dynamo=True, opset_version=opset,
-            custom_translation_table=_translate.table(), optimize=True, verbose=False,
+            custom_translation_table=_translate.table(exact), optimize=True, verbose=False,
             input_names=list(input_names) if input_names else None,
             output_names=list(output_names) if output_names else None)
     proto = onnx_program.model_proto

@@ -85,9 +85,8 @@ def _quantized_bias(bias: ir.Value, x_scale: float, weight_scale: ir.Value) -> i
     ONNX Runtime's QDQ fusion takes for QLinearConv / QGemm (it quantizes a float bias the
     same way itself).  torch adds the bias in float after scaling the accumulator, so each
     output can move by up to half an accumulator step times ``x_scale * w_scale / out_scale``
-    before rounding: the main source of one-step differences from torchquant.  The exact
-    alternative, ConvInteger with a float epilogue, measured ~20x slower in ONNX Runtime
-    1.32, and a float Conv ~5x slower."""
+    before rounding: the main source of one-step differences from torchquant (the exact
+    forms below, ``export(..., exact=True)``, avoid it at float-conv speed in ORT)."""
     b_scale = op.Mul(op.Cast(weight_scale, to=ir.DataType.FLOAT), _f32(x_scale))
     codes = op.Cast(op.Round(op.Div(_to_float(bias), b_scale)), to=ir.DataType.INT32)
     if _rank(weight_scale) == 0:
@@ -169,6 +168,111 @@ def linear(x, x_scale: float, x_zero_point: int, weight, weight_scale, weight_ze
         return y
     return _requantize(y, post_op, out_scale, out_zero_point, out_type, other, other_scale,
                        other_zero_point)
+
+
+# ---- exact static forms (``export(..., exact=True)``) ------------------------------------------
+#
+# torchquant's integers in ONNX Runtime: the codes minus their zero points as float32 and the
+# integer weight as float32 go through a float Conv / MatMul, whose products and partial sums
+# are integers, exact in any summation order while below 2**24 in magnitude (certain for up to
+# 514 worst-case terms 255 * 128, in practice for real activations and weights), then the
+# epilogue of torchquant's kernels op by op in float32: ``(acc * x_scale) * w_scale[c] +
+# bias[c]`` (torch's order for convs and Linears), the add / ReLU, ``acc * (1 / out_scale)``,
+# rounded half to even, plus the zero point, clipped.  ORT runs these as float ops (no QDQ
+# unit to fuse), slower than its integer kernels.
+
+def _codes_as_float(x: ir.Value, zero_point: int) -> ir.Value:
+    """``x - zero_point`` as exact float32 integers."""
+    xf = op.Cast(x, to=ir.DataType.FLOAT)
+    return xf if int(zero_point) == 0 else op.Sub(xf, _f32(float(zero_point)))
+
+
+def _channel_shaped(values: ir.Value, spatial_dims: int) -> ir.Value:
+    """A per-output-channel float32 vector (or a scalar) shaped to broadcast over ``[N, C,
+    *spatial]`` (``spatial_dims`` 0 for a Linear's ``[..., C]``)."""
+    v = op.Cast(values, to=ir.DataType.FLOAT)
+    if _rank(values) == 0 or spatial_dims == 0:
+        return v
+    return op.Reshape(v, _const([-1] + [1] * spatial_dims, np.int64))
+
+
+def _weight_as_float(weight: ir.Value, zero_point: ir.Value, spatial_dims: int) -> ir.Value:
+    """The int8 weight minus its zero points (per output channel, axis 0) as float32."""
+    wf = op.Cast(weight, to=ir.DataType.FLOAT)
+    zp = op.Cast(zero_point, to=ir.DataType.FLOAT)
+    if _rank(zero_point) != 0:
+        zp = op.Reshape(zp, _const([-1] + [1] * (spatial_dims + 1), np.int64))
+    return op.Sub(wf, zp)
+
+
+def _exact_epilogue(acc: ir.Value, x_scale: float, weight_scale: ir.Value,
+                    bias: Optional[ir.Value], spatial_dims: int) -> ir.Value:
+    y = op.Mul(op.Mul(acc, _f32(x_scale)), _channel_shaped(weight_scale, spatial_dims))
+    if bias is not None:
+        y = op.Add(y, _channel_shaped(bias, spatial_dims))
+    return y
+
+
+def _exact_requantize(y: ir.Value, post_op: str, out_scale: float, out_zero_point: int,
+                      np_type, other: Optional[ir.Value] = None, other_scale: float = 1.0,
+                      other_zero_point: int = 0) -> ir.Value:
+    """The fused epilogue (the addend as ``other_scale * (other - zero point)``), then
+    ``round(y * (1 / out_scale)) + zero_point`` clipped to the output type."""
+    if post_op in ("add", "add_relu"):
+        y = op.Add(y, op.Mul(_codes_as_float(other, other_zero_point), _f32(other_scale)))
+    if post_op in ("relu", "add_relu"):
+        y = op.Relu(y)
+    info = np.iinfo(np_type)
+    q = op.Add(op.Round(op.Mul(y, _f32(affine.inv_scale_float32(out_scale)))),
+               _f32(float(out_zero_point)))
+    q = op.Clip(q, _f32(float(info.min)), _f32(float(info.max)))
+    return op.Cast(q, to=ir.DataType.UINT8 if np_type == np.uint8 else ir.DataType.INT8)
+
+
+def conv_exact(x, x_scale: float, x_zero_point: int, weight, weight_scale, weight_zero_point,
+               bias, weight_axis: int, stride: Sequence[int], padding: Sequence[int],
+               dilation: Sequence[int], groups: int, out_scale: float, out_zero_point: int,
+               post_op: str = "none", negative_slope: float = 0.01, other=None,
+               other_scale: float = 1.0, other_zero_point: int = 0):
+    dims = len(stride)
+    acc = op.Conv(_codes_as_float(x, x_zero_point),
+                  _weight_as_float(weight, weight_zero_point, dims), strides=list(stride),
+                  pads=list(padding) * 2, dilations=list(dilation), group=groups)
+    y = _exact_epilogue(acc, x_scale, weight_scale, bias, dims)
+    return _exact_requantize(y, post_op, out_scale, out_zero_point, np.uint8, other,
+                             other_scale, other_zero_point)
+
+
+def linear_exact(x, x_scale: float, x_zero_point: int, weight, weight_scale, weight_zero_point,
+                 bias, out_scale: float, out_zero_point: int, out_dtype, post_op: str = "none",
+                 negative_slope: float = 0.01, other=None, other_scale: float = 1.0,
+                 other_zero_point: int = 0):
+    wf = _weight_as_float(weight, weight_zero_point, 0)
+    acc = op.MatMul(_codes_as_float(x, x_zero_point), op.Transpose(wf, perm=[1, 0]))
+    y = _exact_epilogue(acc, x_scale, weight_scale, bias, 0)
+    out_type = _out_np_type(out_dtype)
+    if out_type is None:
+        return op.Relu(y) if post_op == "relu" else y
+    return _exact_requantize(y, post_op, out_scale, out_zero_point, out_type, other,
+                             other_scale, other_zero_point)
+
+
+def _fma_dequantize(codes: ir.Value, scale: float, zero_point: int) -> ir.Value:
+    """``fma(q, scale, -zero_point * scale)`` in float32 (torch's vectorised dequantize in its
+    quantized add): the product and the difference are exact in float64, one rounding."""
+    f64 = ir.DataType.DOUBLE
+    s = affine.round_to_float32(scale)
+    premul = affine.round_to_float32(s * -float(zero_point))
+    t = op.Add(op.Mul(op.Cast(codes, to=f64), _const(s, np.float64)), _const(premul, np.float64))
+    return op.Cast(t, to=ir.DataType.FLOAT)
+
+
+def add_exact(a, a_scale: float, a_zero_point: int, b, b_scale: float, b_zero_point: int,
+              out_scale: float, out_zero_point: int, qdtype: str, post_op: str):
+    """torchquant's quantized add (:func:`torchquant.kernels.reference.add_formula`)."""
+    y = op.Add(_fma_dequantize(a, a_scale, a_zero_point),
+               _fma_dequantize(b, b_scale, b_zero_point))
+    return _exact_requantize(y, post_op, out_scale, out_zero_point, _NP_TYPES[qdtype])
 
 
 def _out_np_type(out_dtype):
@@ -354,10 +458,12 @@ def lstm_step_dynamic(ih, h, c, weight, weight_scale, weight_zero_point, bias,
     return h_next, c_next
 
 
-def table() -> dict:
-    """{torch op overload: translation} for ``torch.onnx.export(custom_translation_table=)``."""
+def table(exact: bool = False) -> dict:
+    """{torch op overload: translation} for ``torch.onnx.export(custom_translation_table=)``;
+    ``exact``: the static conv / Linear / add in their exact forms."""
     ops = torch.ops.torchquant
-    return {getattr(ops, name).default: fn for name, fn in _BY_NAME.items()}
+    by_name = {**_BY_NAME, **_EXACT_BY_NAME} if exact else _BY_NAME
+    return {getattr(ops, name).default: fn for name, fn in by_name.items()}
 
 
 _BY_NAME = {
@@ -377,3 +483,5 @@ _BY_NAME = {
     "rnn_input_projection_dynamic": rnn_input_projection_dynamic,
     "lstm_step_dynamic": lstm_step_dynamic,
 }
+
+_EXACT_BY_NAME = {"conv": conv_exact, "linear": linear_exact, "add": add_exact}
