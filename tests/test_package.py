@@ -9,6 +9,7 @@ to compare.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -57,9 +58,8 @@ _FRESH_PROCESS = textwrap.dedent("""
 FLOAT_ULPS = {"rtol": 1e-5, "atol": 1e-6}
 BIT_EXACT = {"resnet-eager", "mobilenet-fx"}
 # Where oneDNN's u8 x s8 int8 saturates (AVX2, AVX-512 without VNNI, or forced so) an eager /
-# FX static model's convs and Linears have no exact C++ call to become: export_package says so
-# (PackageError, naming the ops and the way out) instead of packaging them.
-STATIC_EAGER = {"resnet-eager", "mobilenet-fx"}
+# FX static model's convs and Linears become the eager kernels' exact split
+# (ops/inductor/saturation_safe.py): still bit-exact (checked with ONEDNN_MAX_CPU_ISA=AVX2).
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -70,11 +70,6 @@ def test_package_in_a_fresh_process_gives_python_outputs(case, tmp_path):
     name, convert = CASES[case]
     model = convert()
     onednn_exact = ops_linear.onednn_u8s8_exact()
-    if case in STATIC_EAGER and not onednn_exact:
-        with pytest.raises(PackageError, match="torchquant::conv.*not exact on this CPU"):
-            torchquant.export_package(model, sm.example(name, EXAMPLE_BATCH),
-                                      tmp_path / f"{case}.pt2")
-        return
     path = torchquant.export_package(model, sm.example(name, EXAMPLE_BATCH),
                                      tmp_path / f"{case}.pt2")
     runs, argv = [], [str(path)]
@@ -113,7 +108,8 @@ def test_package_in_a_fresh_process_gives_python_outputs(case, tmp_path):
         marker = [n for n in z.namelist() if n.endswith("extra/torchquant_package.json")]
         info = json.loads(z.read(marker[0]))
     assert info["dynamic_batch"] is True
-    # _int_mm for the eager dynamic models; the exact decompositions where oneDNN saturates
+    # _int_mm for the eager dynamic models; where oneDNN saturates, the exact decompositions
+    # and splits (no call that would saturate elsewhere)
     assert info["onednn_int8"] == (case not in ("minilm-eager", "lstm-eager") and onednn_exact)
     # outside a package compile torchquant's fused ops have no inductor decomposition
     # (torch.compile runs them as they are; inductor refuses an op with both a table entry
@@ -170,10 +166,6 @@ def test_cpp_runner_loads_a_package(tmp_path):
     with torch.no_grad():
         model(torch.randn(4, 3, 16, 16))
     tq.convert(model, inplace=True)
-    if not ops_linear.onednn_u8s8_exact():
-        with pytest.raises(PackageError, match="not exact on this CPU"):
-            torchquant.export_package(model, (torch.randn(2, 3, 16, 16),), tmp_path / "m.pt2")
-        pytest.skip("eager-converted convs package only where oneDNN's int8 is exact (VNNI, AMX)")
     package = torchquant.export_package(model, (torch.randn(2, 3, 16, 16),), tmp_path / "m.pt2")
     (tmp_path / "runner.cpp").write_text(_CPP_RUNNER)
     lib = str(Path(torch.__file__).parent / "lib")
@@ -190,6 +182,63 @@ def test_cpp_runner_loads_a_package(tmp_path):
     x = torch.linspace(-2, 2, 3 * 3 * 16 * 16).reshape(3, 3, 16, 16)
     with torch.no_grad():
         assert torch.equal(got.reshape(3, 4), model(x))
+
+
+_SATURATING_PACKAGE = textwrap.dedent("""
+    import json, sys, zipfile, warnings
+    import torch
+    from torch import nn
+    import torchquant, torchquant.quantization as tq
+    from torchquant.kernels import onednn_exactness
+    assert not onednn_exactness.onednn_u8s8_exact()  # oneDNN held at AVX2: it saturates
+
+    class Net(nn.Module):  # conv + ReLU, a strided 1x1 conv (a ResNet downsample), Linear
+        def __init__(self):
+            super().__init__()
+            self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
+            self.conv, self.relu = nn.Conv2d(3, 16, 3, padding=1), nn.ReLU()
+            self.down = nn.Conv2d(16, 8, 1, stride=2)
+            self.fc = nn.Linear(8 * 8 * 8, 4)
+
+        def forward(self, x):
+            x = self.down(self.relu(self.conv(self.quant(x))))
+            return self.dequant(self.fc(torch.flatten(x, 1)))
+
+    torch.manual_seed(0)
+    model = tq.fuse_modules(Net().eval(), [["conv", "relu"]])
+    model.qconfig = tq.get_default_qconfig("x86")
+    tq.prepare(model, inplace=True)
+    with torch.no_grad():
+        model(torch.randn(8, 3, 16, 16))
+    tq.convert(model, inplace=True)
+    path = torchquant.export_package(model, (torch.randn(2, 3, 16, 16),), sys.argv[1])
+    sources = torchquant._package.generated_code(path)
+    assert not torchquant._package.torchquant_ops_called(sources)
+    assert not any("torchquant_native" in text for text in sources.values())
+    with zipfile.ZipFile(path) as z:
+        marker = [n for n in z.namelist() if n.endswith("extra/torchquant_package.json")]
+        assert json.loads(z.read(marker[0]))["onednn_int8"] is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning that the package's calls saturate
+        package = torchquant.load(path)
+    for batch in (2, 5):
+        x = torch.randn(batch, 3, 16, 16) * 2
+        with torch.no_grad():
+            assert torch.equal(package(x), model(x)), batch
+    print("saturating package: ok")
+""")
+
+
+def test_package_built_where_onednn_saturates_is_exact(tmp_path):
+    """Where oneDNN's u8 x s8 products saturate (forced here: oneDNN held at AVX2), an
+    eager-converted model's convs and Linear are packaged as the eager kernels' exact split
+    (ops/inductor/saturation_safe.py): no torchquant call, no saturation warning on load, and
+    the eager model's integers at two batch sizes (inputs well above 128 in every layer)."""
+    out = subprocess.run([sys.executable, "-c", _SATURATING_PACKAGE, str(tmp_path / "m.pt2")],
+                         capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2",
+                                  TORCHQUANT_CPU_ISA="avx2", TORCHQUANT_QUIET="1"))
+    assert out.returncode == 0 and "saturating package: ok" in out.stdout, out.stderr[-3000:]
 
 
 def test_load_rejects_what_it_did_not_write(tmp_path):

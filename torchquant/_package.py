@@ -19,9 +19,10 @@ Which CPUs a package is exact on (the same integers as the Python model):
   lowered model, which makes these calls; the ``convert_pt2e`` graph's float conv + quantize
   can round a tie one step apart).  On AVX2-only CPUs oneDNN saturates
   int16 pairs, so such a package can be off there (:func:`load` warns).  Packaged on a CPU
-  without exact oneDNN int8, a PT2E model keeps its float conv on dequantized values (what its
-  Python graph computes: exact everywhere), while eager / FX convs cannot be packaged (an
-  error says so).
+  without exact oneDNN int8, eager / FX convs and Linears take the eager kernels' split there
+  (two exact oneDNN calls on the input's low and high bits, :mod:`.ops.inductor.saturation_safe`:
+  exact on every CPU, about twice the int8 work), and a PT2E model keeps its float conv on
+  dequantized values (what its Python graph computes: exact everywhere).
 * the dynamic Linears / LSTM steps of eager ``quantize_dynamic`` models (``torch._int_mm``):
   exact on every CPU except one whose oneDNN is held below its ISA (``ONEDNN_MAX_CPU_ISA``
   lower than the CPU has); packaged there, they use an exact float64 matmul instead.
@@ -130,9 +131,10 @@ def _check_no_torchquant(sources: dict[str, str], ep: torch.export.ExportedProgr
     hint = ""
     if not exact_decompositions.onednn_int8_exact() and any(op.startswith(("conv", "linear"))
                                                 for op in surviving):
-        hint = (" (oneDNN's u8 x s8 int8 is not exact on this CPU, so int8 convs / Linears are "
-                "not turned into oneDNN calls: build the package on a CPU with AVX-512 VNNI or "
-                "AMX, or quantize with PT2E)")
+        hint = (" (oneDNN's u8 x s8 int8 is not exact on this CPU: only 2-d convs and "
+                "Linears without a post-op other than ReLU / an add (convs) become its exact "
+                "split; build the package on a CPU with AVX-512 VNNI or AMX, or quantize "
+                "with PT2E)")
     raise PackageError("these ops have no C++ implementation in torch, and the package would "
                        "need torchquant to run them: " + "; ".join(parts) + hint)
 
@@ -151,7 +153,10 @@ def _compile(ep: torch.export.ExportedProgram, path: str) -> None:
 
 
 def _add_marker(path: str, sources: dict[str, str], dynamic_batch: bool) -> None:
-    onednn_int8 = any(_ONEDNN_INT8_CALL.search(text) for text in sources.values())
+    # oneDNN int8 calls that saturate on CPUs without VNNI / AMX: those of a package built
+    # where they do not (built where they do, every call is one of the exact split's)
+    onednn_int8 = (exact_decompositions.onednn_int8_exact()
+                   and any(_ONEDNN_INT8_CALL.search(text) for text in sources.values()))
     with zipfile.ZipFile(path) as z:
         root = z.namelist()[0].split("/", 1)[0]
     info = {"format": _FORMAT, "writer": "torchquant", "dynamic_batch": dynamic_batch,

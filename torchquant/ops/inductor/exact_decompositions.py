@@ -47,7 +47,7 @@ from ...kernels import elementwise as _kelementwise
 from ...kernels import onednn_exactness as _exactness
 from ...kernels.reference import add_formula
 from .._library import traced
-from . import fusion, packaging_state
+from . import fusion, packaging_state, saturation_safe
 from .packaging_state import is_packaging
 
 __all__ = ["register", "decompositions_by_op", "packaging", "is_packaging",
@@ -295,7 +295,8 @@ _ONEDNN_LINEAR_POST_OPS = ("none", "relu", "leaky_relu", "tanh")
 def _fuse_torchquant_linear(g: Any, node: Any) -> bool:
     """``torchquant::linear`` with a frozen weight (eager- and FX-converted Linear layers) as
     ``onednn.qlinear_pointwise`` with the weight prepacked at freezing: the call the eager
-    kernel makes on CPUs where oneDNN's u8 x s8 products are exact, so the same integers."""
+    kernel makes on CPUs where oneDNN's u8 x s8 products are exact, so the same integers;
+    where they saturate, the eager kernel's split there (:mod:`.saturation_safe`)."""
     if not is_packaging():
         return False
     a = fusion._op_arguments(node)
@@ -307,6 +308,13 @@ def _fuse_torchquant_linear(g: Any, node: Any) -> bool:
             or a["other"] is not None):
         return False
     w, w_scale, bias = frozen
+    if not _exactness.onednn_u8s8_exact():
+        if fusion.native_allowed() or post_op not in ("none", "relu"):
+            return False  # in process the op runs its eager kernel, exact here
+        saturation_safe.linear(g, node, x, float(a["x_scale"]), int(a["x_zero_point"]), w,
+                               w_scale, bias, post_op, float(a["out_scale"]),
+                               int(a["out_zero_point"]))
+        return True
     w_zp = torch.zeros(w.size(0), dtype=torch.int64)
     packed = torch.ops.onednn.qlinear_prepack(w.contiguous(), None)
     args = (x, float(a["x_scale"]), int(a["x_zero_point"]),
@@ -327,4 +335,4 @@ def _register_linear_fusion() -> None:
 
     pattern = CallFunctionVarArgs(torch.ops.torchquant.linear.default, users=MULTIPLE)
     register_graph_pattern(pattern, extra_check=fusion._always, pass_dict=pass_patterns[0],
-                           prepend=True)(fusion._handler(_fuse_torchquant_linear, True))
+                           prepend=True)(fusion._handler(_fuse_torchquant_linear, False))

@@ -48,6 +48,7 @@ from ... import dtypes as _dt
 from ..._graph import fresh_attr_name, get_attr_tensor, is_call, only_user
 from ...kernels import onednn_exactness as _exactness
 from ...kernels import native as _native
+from . import saturation_safe
 from .packaging_state import native_allowed
 
 __all__ = ["register", "aoti_c_shims", "frozen_op_weight"]
@@ -415,7 +416,9 @@ def frozen_op_weight(g: _Graph, a: dict[str, Any]) -> Optional[tuple]:
 
 def _fuse_torchquant_conv(g: _Graph, node: fx.Node) -> bool:
     """``torchquant::conv`` (what eager- and FX-converted modules, and lowered PT2E graphs,
-    call) as the int8 call its eager kernel makes, the weight prepacked at freezing."""
+    call) as the int8 call its eager kernel makes, the weight prepacked at freezing; in a
+    package built where oneDNN saturates, the eager kernel's split there
+    (:mod:`.saturation_safe`)."""
     a = _op_arguments(node)
     x = a["x"]
     frozen = frozen_op_weight(g, a)
@@ -430,6 +433,13 @@ def _fuse_torchquant_conv(g: _Graph, node: fx.Node) -> bool:
     geometry = (list(a["stride"]), list(a["padding"]), list(a["dilation"]), a["groups"])
     addend = (None if other is None
               else (other, float(a["other_scale"]), int(a["other_zero_point"])))
+    if not _exactness.onednn_u8s8_exact():
+        if native_allowed():  # torch.compile: the op runs its eager kernel, exact here
+            return False
+        saturation_safe.conv(g, node, x, float(a["x_scale"]), int(a["x_zero_point"]), w,
+                             w_scale, bias, geometry, post_op, addend, float(a["out_scale"]),
+                             int(a["out_zero_point"]), _static_shape(x))
+        return True
     unary = "relu" if post_op in ("relu", "add_relu") else "none"
     _emit_conv(g, node, node, x, float(a["x_scale"]), int(a["x_zero_point"]), w, w_scale, w_zp,
                bias, geometry, addend, unary, [],
@@ -680,7 +690,7 @@ def register() -> None:
     # the pass visits nodes last to first: every conv / linear is tried before the weight
     # dequantizes that feed it are folded
     for target, check, rewrite, exact in (
-            (tq.conv.default, _always, _fuse_torchquant_conv, True),
+            (tq.conv.default, _always, _fuse_torchquant_conv, False),
             (aten.convolution.default, _x_is_dequantized, _fuse_conv, False),
             (aten.addmm.default, _x_is_dequantized, _fuse_linear, True),
             (aten.mm.default, _x_is_dequantized, _fuse_linear, True),
