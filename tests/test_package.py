@@ -159,13 +159,7 @@ def test_cpp_runner_loads_a_package(tmp_path):
     from torch.utils import cpp_extension
     if shutil.which("g++") is None:
         pytest.skip("no C++ compiler to build the AOTInductor runner with")
-    import torchquant.quantization as tq
-    model = tq.fuse_modules(_SmallCNN().eval(), [["conv", "relu"]])
-    model.qconfig = tq.get_default_qconfig("x86")
-    tq.prepare(model, inplace=True)
-    with torch.no_grad():
-        model(torch.randn(4, 3, 16, 16))
-    tq.convert(model, inplace=True)
+    model = _eager_int8(_SmallCNN(), torch.randn(4, 3, 16, 16))
     package = torchquant.export_package(model, (torch.randn(2, 3, 16, 16),), tmp_path / "m.pt2")
     (tmp_path / "runner.cpp").write_text(_CPP_RUNNER)
     lib = str(Path(torch.__file__).parent / "lib")
@@ -184,33 +178,45 @@ def test_cpp_runner_loads_a_package(tmp_path):
         assert torch.equal(got.reshape(3, 4), model(x))
 
 
-_SATURATING_PACKAGE = textwrap.dedent("""
-    import json, sys, zipfile, warnings
-    import torch
-    from torch import nn
-    import torchquant, torchquant.quantization as tq
-    from torchquant.kernels import onednn_exactness
-    assert not onednn_exactness.onednn_u8s8_exact()  # oneDNN held at AVX2: it saturates
-
-    class Net(nn.Module):  # conv + ReLU, a strided 1x1 conv (a ResNet downsample), Linear
-        def __init__(self):
-            super().__init__()
-            self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
-            self.conv, self.relu = nn.Conv2d(3, 16, 3, padding=1), nn.ReLU()
-            self.down = nn.Conv2d(16, 8, 1, stride=2)
-            self.fc = nn.Linear(8 * 8 * 8, 4)
-
-        def forward(self, x):
-            x = self.down(self.relu(self.conv(self.quant(x))))
-            return self.dequant(self.fc(torch.flatten(x, 1)))
-
-    torch.manual_seed(0)
-    model = tq.fuse_modules(Net().eval(), [["conv", "relu"]])
+def _eager_int8(model: nn.Module, calibration: torch.Tensor) -> nn.Module:
+    """``model`` (with ``conv`` / ``relu`` attributes) fused, calibrated on one batch and
+    converted with the x86 qconfig."""
+    import torchquant.quantization as tq
+    model = tq.fuse_modules(model.eval(), [["conv", "relu"]])
     model.qconfig = tq.get_default_qconfig("x86")
     tq.prepare(model, inplace=True)
     with torch.no_grad():
-        model(torch.randn(8, 3, 16, 16))
-    tq.convert(model, inplace=True)
+        model(calibration)
+    return tq.convert(model, inplace=True)
+
+
+class _DownsampleCNN(nn.Module):
+    """conv + ReLU, a strided 1x1 conv (a ResNet downsample), a Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torchquant.quantization as tq
+        self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
+        self.conv, self.relu = nn.Conv2d(3, 16, 3, padding=1), nn.ReLU()
+        self.down = nn.Conv2d(16, 8, 1, stride=2)
+        self.fc = nn.Linear(8 * 8 * 8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.down(self.relu(self.conv(self.quant(x))))
+        return self.dequant(self.fc(torch.flatten(x, 1)))
+
+
+_SATURATING_PACKAGE = textwrap.dedent("""
+    import json, sys, zipfile, warnings
+    sys.path.insert(0, sys.argv[2])
+    import torch
+    import torchquant
+    from torchquant.kernels import onednn_exactness
+    from test_package import _DownsampleCNN, _eager_int8
+    assert not onednn_exactness.onednn_u8s8_exact()  # oneDNN held at AVX2: it saturates
+
+    torch.manual_seed(0)
+    model = _eager_int8(_DownsampleCNN(), torch.randn(8, 3, 16, 16))
     path = torchquant.export_package(model, (torch.randn(2, 3, 16, 16),), sys.argv[1])
     sources = torchquant._package.generated_code(path)
     assert not torchquant._package.torchquant_ops_called(sources)
@@ -234,7 +240,8 @@ def test_package_built_where_onednn_saturates_is_exact(tmp_path):
     eager-converted model's convs and Linear are packaged as the eager kernels' exact split
     (ops/inductor/saturation_safe.py): no torchquant call, no saturation warning on load, and
     the eager model's integers at two batch sizes (inputs well above 128 in every layer)."""
-    out = subprocess.run([sys.executable, "-c", _SATURATING_PACKAGE, str(tmp_path / "m.pt2")],
+    out = subprocess.run([sys.executable, "-c", _SATURATING_PACKAGE, str(tmp_path / "m.pt2"),
+                          str(Path(__file__).parent)],
                          capture_output=True, text=True, timeout=600,
                          env=dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2",
                                   TORCHQUANT_CPU_ISA="avx2", TORCHQUANT_QUIET="1"))
