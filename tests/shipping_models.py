@@ -116,9 +116,37 @@ def lstm() -> nn.Module:
     return LSTMModel().eval()
 
 
+class ActivationsNet(nn.Module):
+    """MobileNetV3-style parts: hardswish, a squeeze-excite gate (hardsigmoid, mul), a
+    concatenation of branches with other qparams, sigmoid / tanh / ELU / leaky ReLU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.act = nn.Hardswish()
+        self.squeeze, self.excite = nn.Conv2d(16, 4, 1), nn.Conv2d(4, 16, 1)
+        self.gate = nn.Hardsigmoid()
+        self.left, self.right = nn.Conv2d(16, 8, 3, padding=1), nn.Conv2d(16, 12, 1)
+        self.sigmoid, self.tanh, self.elu = nn.Sigmoid(), nn.Tanh(), nn.ELU()
+        self.leaky = nn.LeakyReLU(0.1)
+        self.head = nn.Conv2d(20, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.stem(x))
+        s = self.gate(self.excite(torch.relu(self.squeeze(x.mean((2, 3), keepdim=True)))))
+        x = x * s
+        y = torch.cat([self.sigmoid(self.left(x)), self.tanh(self.right(x))], 1)
+        return self.leaky(self.elu(self.head(y)))
+
+
+def activations() -> nn.Module:
+    torch.manual_seed(0)
+    return ActivationsNet().eval()
+
+
 def example(name: str, batch: int, seed: int = 1) -> tuple[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    shape = {"resnet": IMAGE, "mobilenet": IMAGE, "minilm": (TOKENS, HIDDEN),
+    shape = {"resnet": IMAGE, "mobilenet": IMAGE, "activations": IMAGE, "minilm": (TOKENS, HIDDEN),
              "lstm": (LSTM_STEPS, LSTM_FEATURES)}[name]
     return (torch.randn(batch, *shape, generator=g),)
 

@@ -34,6 +34,7 @@ CASES: dict[str, tuple[str, Callable[[], nn.Module]]] = {
     "resnet-eager": ("resnet", lambda: sm.eager_static(sm.resnet(), "resnet")),
     "resnet-pt2e": ("resnet", lambda: sm.pt2e(sm.resnet(), "resnet")),
     "mobilenet-fx": ("mobilenet", lambda: sm.fx_static(sm.mobilenet(), "mobilenet")),
+    "activations-fx": ("activations", lambda: sm.fx_static(sm.activations(), "activations")),
     "minilm-eager": ("minilm", lambda: sm.eager_dynamic(sm.minilm(), {nn.Linear})),
     "minilm-pt2e": ("minilm", lambda: sm.pt2e(sm.minilm(), "minilm", dynamic=True)),
     "lstm-eager": ("lstm", lambda: sm.eager_dynamic(sm.lstm(), {nn.LSTM})),
@@ -56,7 +57,7 @@ _FRESH_PROCESS = textwrap.dedent("""
 # softmax / LayerNorm / GELU / sigmoid / tanh and oneDNN's float-output epilogues round an ulp
 # or so apart from ATen's kernels (the int8 parts are bit-exact: test_decompositions_*).
 FLOAT_ULPS = {"rtol": 1e-5, "atol": 1e-6}
-BIT_EXACT = {"resnet-eager", "mobilenet-fx"}
+BIT_EXACT = {"resnet-eager", "mobilenet-fx", "activations-fx"}
 # Where oneDNN's u8 x s8 int8 saturates (AVX2, AVX-512 without VNNI, or forced so) an eager /
 # FX static model's convs and Linears become the eager kernels' exact split
 # (ops/inductor/saturation_safe.py): still bit-exact (checked with ONEDNN_MAX_CPU_ISA=AVX2).
@@ -263,7 +264,7 @@ def test_load_rejects_what_it_did_not_write(tmp_path):
         torchquant.load(tmp_path)
 
 
-class _Mul(nn.Module):
+class _MulScalar(nn.Module):
     """An eager-quantized elementwise product: ``torchquant::mul`` has no decomposition."""
 
     def __init__(self) -> None:
@@ -275,18 +276,18 @@ class _Mul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.quant(x)
-        return self.dequant(self.product.mul(x, x))
+        return self.dequant(self.product.mul_scalar(x, 2.5))  # (no C++ form of this op)
 
 
 def test_surviving_op_is_named_and_nothing_is_written(tmp_path):
     import torchquant.quantization as tq
-    model = _Mul().eval()
+    model = _MulScalar().eval()
     model.qconfig = tq.get_default_qconfig("x86")
     tq.prepare(model, inplace=True)
     model(torch.randn(4, 8))
     tq.convert(model, inplace=True)
     target = tmp_path / "mul.pt2"
-    with pytest.raises(PackageError, match="torchquant::mul at mul"):
+    with pytest.raises(PackageError, match="torchquant::mul_scalar at mul_scalar"):
         torchquant.export_package(model, (torch.randn(4, 8),), target)
     assert list(tmp_path.iterdir()) == []
 
@@ -354,6 +355,38 @@ def test_decompositions_add_clamp_pools(shape):
     assert torch.equal(D.max_pool2d(*big), tq_ops.max_pool2d(*big))
     assert torch.equal(D.adaptive_avg_pool2d(a, 77, "quint8", [1, 1]),
                        tq_ops.adaptive_avg_pool2d(a, 77, "quint8", [1, 1]))
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_decompositions_activations_mul_cat_mean(channels_last):
+    """The package decompositions of the 8-bit activations (the eager op's value table),
+    mul, cat (channels-last along channels with a remainder of channels below a vector, and
+    the plain path) and the inner-dims mean give the eager ops' integers.  Element counts are
+    whole vectors: eager rounds a tail of fewer elements than a vector by torch's scalar
+    formula, which the decompositions do not reproduce (the module docstring)."""
+    from torchquant.ops.inductor import exact_decompositions as D
+    tq_ops = torch.ops.torchquant
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    a, b = (torch.randint(0, 256, (2, 8, 8, 8), dtype=torch.uint8).contiguous(
+        memory_format=layout) for _ in range(2))
+    for name in D._MAPPED_ACTIVATIONS:
+        params = (1.3,) if name in ("elu", "celu") else ()
+        args = (a, 0.05, 120, *params, 1 / 256 if name == "sigmoid" else 0.02, 0 if name ==
+                "sigmoid" else 110, "quint8")
+        assert torch.equal(D._mapped_decomposition(name)(*args), getattr(tq_ops, name)(*args))
+    leaky = (a, 0.05, 120, 0.1, 0.04, 100, "quint8", "dense_input")
+    assert torch.equal(D.leaky_relu(*leaky), tq_ops.leaky_relu(*leaky))
+    for post_op in ("none", "relu"):
+        args = (a, 0.05, 128, b, 0.03, 100, 0.07, 120, "quint8", post_op)
+        assert torch.equal(D.mul(*args), tq_ops.mul(*args))
+    c = torch.randint(0, 256, (2, 13, 8, 8), dtype=torch.uint8).contiguous(memory_format=layout)
+    args = ([a, c, b], [0.05, 0.02, 0.03], [120, 7, 100], 1, 0.06, 90, "quint8")
+    assert torch.equal(D.cat(*args), tq_ops.cat(*args))
+    args = ([a, b], [0.05, 0.05], [120, 120], 1, 0.05, 120, "quint8")  # same qparams: copies
+    assert torch.equal(D.cat(*args), tq_ops.cat(*args))
+    for keepdim in (True, False):
+        assert torch.equal(D.mean_inner_dims(c, 7, "quint8", 2, keepdim),
+                           tq_ops.mean_inner_dims(c, 7, "quint8", 2, keepdim))
 
 
 def test_packaging_entries_reach_the_table_inductor_reads_after_an_earlier_compile():

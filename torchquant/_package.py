@@ -4,12 +4,14 @@ runner loads it).
 
 The model is exported (``torch.export``, the batch dimension dynamic) and compiled by
 ``torch._inductor.aoti_compile_and_package`` with inductor freezing, where torchquant's
-inductor passes (:mod:`torchquant.ops.inductor`, registered at import) turn every torchquant
-op into code torch implements in C++: quantize / dequantize into generated loops, int8 convs
+inductor passes (:mod:`torchquant.ops.inductor`, registered at import) turn torchquant's ops
+into code torch implements in C++: quantize / dequantize into generated loops, 2-d int8 convs
 and static Linears into oneDNN calls with weights prepacked at freezing, dynamic Linears and
-LSTM steps into ``torch._int_mm`` and tensor arithmetic, adds and pooling into generated
-loops.  The generated code is then searched for calls back into torchquant; any left is an
-error naming the op and the model's nodes, before the file is written.
+LSTM steps into ``torch._int_mm`` and tensor arithmetic, adds, multiplies, concatenations,
+clamps, 8-bit activations (value tables), means and max / global pooling into generated loops.
+The generated code is then searched for calls back into torchquant (its ops or its native
+library); any left (e.g. 1-d / 3-d or transposed convs, quantized LayerNorm) is an error
+naming the op and the model's nodes, before the file is written.
 
 Which CPUs a package is exact on (the same integers as the Python model):
 
@@ -48,7 +50,7 @@ __all__ = ["export_package", "load", "PackageError"]
 # a file inside the package saying torchquant wrote it (PT2 archives keep extra files here)
 _MARKER = "extra/torchquant_package.json"
 _FORMAT = 1
-_TORCHQUANT_CALL = re.compile(r"torchquant::(\w+)")
+_TORCHQUANT_CALL = re.compile(r"torchquant(?:_native)?::(\w+)")  # native ops: torchquant's too
 _ONEDNN_INT8_CALL = re.compile(r"onednn::q(?:conv|linear)\w*|qconv\w*_pointwise|qlinear_pointwise")
 
 

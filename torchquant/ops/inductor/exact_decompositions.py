@@ -23,6 +23,14 @@ running these ops as they are, on the kernels their benchmarks measured.
   every element; eager mode takes torch's scalar formula for a tail of fewer elements than a
   vector, which can land one step apart.
 * ``clamp`` (hardtanh, ReLU6 of FX models): the eager op's integer clamp.
+* 8-bit ``sigmoid`` / ``tanh`` / ``hardsigmoid`` / ``hardswish`` / ``elu`` / ``celu`` /
+  ``leaky_relu``: the eager op's value table (256 codes, built here as a constant) of the path
+  torch's kernel takes for the layout -- the vectorised one where the input is dense in the
+  output's layout (its scalar tail of fewer elements than a vector may land a step apart, as
+  for ``add``), the scalar one where every element takes it; other layouts stay opaque.
+* ``mul`` (+ReLU), ``cat``, ``mean_inner_dims``: the eager ops' formulas (exact int32 products
+  and sums, torch's float32 multipliers and rounding modes; cat's channels-last vector /
+  remainder split).
 * ``max_pool2d``: the max pool of the 8-bit integers themselves where inductor writes the
   loop (every window holds an input pixel, so the padding's fill never wins); the float max
   pool of the integers, narrowed back, for windows inductor hands to ATen.
@@ -46,6 +54,7 @@ from ... import dtypes as _dt
 from ...kernels import elementwise as _kelementwise
 from ...kernels import onednn_exactness as _exactness
 from ...kernels.reference import add_formula
+from .. import _lanes
 from .._library import traced
 from . import fusion, packaging_state, saturation_safe
 from .packaging_state import is_packaging
@@ -206,13 +215,26 @@ def adaptive_avg_pool2d(values: torch.Tensor, zero_point: int, qdtype: str,
                         output_size: list[int]) -> torch.Tensor:
     """The global mean (output 1 x 1) from int32 sums, as the eager op; other output sizes
     are left to the opaque op (the package check names them)."""
+    return _global_mean(values, zero_point, qdtype, 2, True)
+
+
+def _global_mean(values: torch.Tensor, zero_point: int, qdtype: str, ndim: int,
+                 keepdim: bool) -> torch.Tensor:
     qd = _dt.qdtype_of(qdtype)
-    count = math.prod(values.shape[-2:])
-    sums = values.sum((-2, -1), keepdim=True, dtype=torch.int32)
+    dims = tuple(range(values.dim() - ndim, values.dim()))
+    count = math.prod(values.shape[values.dim() - ndim:])
+    sums = values.sum(dims, keepdim=keepdim, dtype=torch.int32)
     acc = (sums - count * zero_point).to(torch.float32)
     inv = affine.round_to_float32(1.0 / count)
     q = torch.clamp(torch.round(acc * inv + float(zero_point)), qd.qmin, qd.qmax)
-    return q.to(torch.int32).to(qd.storage_dtype).contiguous(memory_format=_layout_of(values))
+    q = q.to(torch.int32).to(qd.storage_dtype)
+    return q.contiguous(memory_format=_layout_of(values)) if keepdim else q
+
+
+def mean_inner_dims(values: torch.Tensor, zero_point: int, qdtype: str, ndim: int,
+                    keepdim: bool) -> torch.Tensor:
+    """``x.mean(inner dims)`` of codes: the eager op's numerics, as the global pool above."""
+    return _global_mean(values, zero_point, qdtype, ndim, keepdim)
 
 
 def clamp(x: torch.Tensor, scale: float, zero_point: int, min: Optional[float],
@@ -228,8 +250,148 @@ def clamp(x: torch.Tensor, scale: float, zero_point: int, min: Optional[float],
     return x
 
 
+_MAPPED_ACTIVATIONS = {"sigmoid": "suggested", "tanh": "suggested", "hardsigmoid": "suggested",
+                       "hardswish": "suggested", "elu": "contiguous", "celu": "contiguous"}
+
+
+def _value_table(name: str, params: tuple, scale: float, zero_point: int, out_scale: float,
+                 out_zero_point: int, qd: _dt.QDType, path: str) -> torch.Tensor:
+    """The eager op's value table for torch's vectorised (``path="vector"``) or scalar path
+    (:func:`torchquant.kernels.elementwise.value_tables`), built from real numbers while
+    inductor traces with fake tensors: a constant of the graph."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+    vector_fn, tail_fn = _kelementwise.float_functions(name, params)
+    with unset_fake_temporarily(), disable_proxy_modes_tracing():
+        tables = _kelementwise.value_tables(scale, zero_point, vector_fn, tail_fn, out_scale,
+                                            out_zero_point, qd, torch.device("cpu"))
+    return tables[0] if path == "vector" else tables[1]
+
+
+def _mapped_path(x: torch.Tensor, layout: str) -> Optional[tuple[str, torch.memory_format]]:
+    """(the path torch's kernel takes for the elements, the output's layout) of an activation
+    with ``layout`` (:data:`torchquant.ops.activation.LAYOUTS`): ``vector`` where the input is
+    dense in the output's layout (one flat loop; eager takes the scalar formula for a tail of
+    fewer elements than a vector, which can land one step apart, as for :func:`add`),
+    ``tail`` where no two neighbours of the output are neighbours of the input (every element
+    the scalar formula), None otherwise (a per-row tail; the op stays opaque)."""
+    suggested = _lanes.suggested_format(x)
+    if layout == "dense_input":
+        return "vector", suggested
+    out_format = torch.contiguous_format if layout == "contiguous" else suggested
+    if _lanes.dense_views([x], out_format) is not None:
+        return "vector", out_format
+    if x.dim() >= 2 and x.size(-1) != 1 and out_format == torch.contiguous_format \
+            and x.stride(-1) != 1:
+        return "tail", out_format
+    return None
+
+
+def _mapped(name: str, x: torch.Tensor, scale: float, zero_point: int, params: tuple,
+            out_scale: float, out_zero_point: int, qdtype: str, layout: str) -> torch.Tensor:
+    """An 8-bit activation (sigmoid, tanh, hardsigmoid, hardswish, ELU, CELU, leaky ReLU): the
+    eager op's value table of the path its elements take (:func:`_mapped_path`), looked up."""
+    qd = _dt.qdtype_of(qdtype)
+    path, out_format = _mapped_path(x, layout)
+    table = _value_table(name, tuple(float(p) for p in params), float(scale), int(zero_point),
+                         float(out_scale), int(out_zero_point), qd, path)
+    index = x.to(torch.int32) - qd.qmin if qd.qmin else x.to(torch.int32)
+    return torch.ops.aten.index.Tensor(table, [index]).contiguous(memory_format=out_format)
+
+
+def _mapped_decomposition(name: str) -> Any:
+    def decomposition(x: torch.Tensor, scale: float, zero_point: int, *rest: Any) -> torch.Tensor:
+        *params, out_scale, out_zero_point, qdtype = rest
+        return _mapped(name, x, scale, zero_point, tuple(params), out_scale, out_zero_point,
+                       qdtype, _MAPPED_ACTIVATIONS[name])
+    return decomposition
+
+
+def _mapped_applies(layout_of_call: Any) -> Any:
+    def applies(*args: Any) -> bool:
+        return _eight_bit(*args) and _mapped_path(args[0], layout_of_call(args)) is not None
+    return applies
+
+
+def leaky_relu(x: torch.Tensor, scale: float, zero_point: int, negative_slope: float,
+               out_scale: float, out_zero_point: int, qdtype: str, layout: str) -> torch.Tensor:
+    return _mapped("leaky_relu", x, scale, zero_point, (negative_slope,), out_scale,
+                   out_zero_point, qdtype, layout)
+
+
+def _f32_const(value: float, device: torch.device) -> torch.Tensor:
+    return torch.tensor(affine.round_to_float32(value), dtype=torch.float32, device=device)
+
+
+def mul(a: torch.Tensor, a_scale: float, a_zero_point: int, b: torch.Tensor, b_scale: float,
+        b_zero_point: int, out_scale: float, out_zero_point: int, qdtype: str,
+        post_op: str) -> torch.Tensor:
+    """The eager op's formula (``torchquant.ops.binary``): the exact int32 product of the
+    shifted codes times the float32 multiplier ``a_scale * b_scale * (1 / out_scale)``, rounded,
+    plus the zero point (ROUND_ADD)."""
+    qd = _dt.qdtype_of(qdtype)
+    a32 = affine.round_to_float32(a_scale)
+    multiplier = affine.round_to_float32(affine.round_to_float32(a32 * affine.round_to_float32(
+        b_scale)) * affine.inv_scale_float32(out_scale))
+    product = (a.to(torch.int32) - a_zero_point) * (b.to(torch.int32) - b_zero_point)
+    return affine.quantize_formula(product.to(torch.float32), _f32_const(multiplier, a.device),
+                                   _f32_const(float(out_zero_point), a.device),
+                                   out_zero_point if post_op == "relu" else qd.qmin, qd.qmax,
+                                   qd.storage_dtype, affine.ROUND_ADD)
+
+
+_CAT_NHWC_LANES = 8  # torch's channels-last cat kernel: vectors of 8 channels (ops.binary)
+
+
+def _cat_nhwc_part(x: torch.Tensor, scale: float, zp: int, out_scale: float, out_zp: int,
+                   qd: _dt.QDType) -> torch.Tensor:
+    """The eager op's channels-last part: fma dequantize and ROUND_ADD for whole vectors of
+    channels, ``(q - zp) * scale`` and MUL_ADD for the rest."""
+    if scale == out_scale and zp == out_zp:
+        return x
+    inv = _f32_const(affine.inv_scale_float32(out_scale), x.device)
+    out_zp_t = _f32_const(float(out_zp), x.device)
+    s32 = affine.round_to_float32(scale)
+    split = x.shape[1] // _CAT_NHWC_LANES * _CAT_NHWC_LANES
+    parts = []
+    if split:
+        head = _fma(x[:, :split].to(torch.float32), _f32_const(s32, x.device),
+                    _f32_const(s32 * -float(zp), x.device))
+        parts.append(affine.quantize_formula(head, inv, out_zp_t, qd.qmin, qd.qmax,
+                                             qd.storage_dtype, affine.ROUND_ADD))
+    if split < x.shape[1]:
+        rest = (x[:, split:].to(torch.float32) - float(zp)) * s32
+        parts.append(affine.quantize_formula(rest, inv, out_zp_t, qd.qmin, qd.qmax,
+                                             qd.storage_dtype, affine.MUL_ADD))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+
+def cat(tensors: list[torch.Tensor], scales: list[float], zero_points: list[int], dim: int,
+        out_scale: float, out_zero_point: int, qdtype: str) -> torch.Tensor:
+    """The eager op: channels-last 4-d inputs along channels as torch's vectorised kernel,
+    others dequantized and quantized again (``round(fma(x, 1 / out_scale, zp))``)."""
+    qd = _dt.qdtype_of(qdtype)
+    if dim == 1 and all(t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
+                        for t in tensors):
+        parts = [_cat_nhwc_part(t, float(s), int(z), float(out_scale), int(out_zero_point), qd)
+                 for t, s, z in zip(tensors, scales, zero_points)]
+        return torch.cat(parts, 1).contiguous(memory_format=torch.channels_last)
+    device = tensors[0].device
+    inv = _f32_const(affine.inv_scale_float32(out_scale), device)
+    out_zp = _f32_const(float(out_zero_point), device)
+    parts = [affine.quantize_formula((t.to(torch.float32) - float(z)) * affine.round_to_float32(s),
+                                     inv, out_zp, qd.qmin, qd.qmax, qd.storage_dtype,
+                                     affine.FMA, fma=_fma)
+             for t, s, z in zip(tensors, scales, zero_points)]
+    return torch.cat(parts, dim)
+
+
 def _global_only(output_size: list[int]) -> bool:
     return all(int(o) == 1 for o in output_size)
+
+
+def _eight_bit(*args: Any) -> bool:
+    return args[0].dtype in (torch.uint8, torch.int8)
 
 
 def decompositions_by_op() -> dict:
@@ -244,6 +406,16 @@ def decompositions_by_op() -> dict:
         tq.add.default: (add, lambda *a: a[0].dtype in (torch.uint8, torch.int8)
                          and a[3].dtype == a[0].dtype),
         tq.clamp.default: (clamp, lambda *a: True),
+        **{getattr(tq, name).default: (_mapped_decomposition(name),
+                                       _mapped_applies(lambda a, layout=layout: layout))
+           for name, layout in _MAPPED_ACTIVATIONS.items()},
+        tq.leaky_relu.default: (leaky_relu, _mapped_applies(lambda a: a[7])),
+        tq.mean_inner_dims.default:
+            (mean_inner_dims, lambda *a: a[0].dtype in (torch.uint8, torch.int8)
+             and math.prod(a[0].shape[a[0].dim() - a[3]:]) < (1 << 22)),
+        tq.mul.default: (mul, lambda *a: _eight_bit(*a) and a[3].dtype == a[0].dtype),
+        tq.cat.default: (cat, lambda *a: all(t.dtype in (torch.uint8, torch.int8)
+                                              for t in a[0])),
         tq.max_pool2d.default: (max_pool2d, lambda *a: a[0].dtype in (torch.uint8, torch.int8)),
         tq.adaptive_avg_pool2d.default:
             (adaptive_avg_pool2d, lambda *a: a[0].dtype in (torch.uint8, torch.int8)
@@ -255,6 +427,8 @@ def _table_entries(graph: torch.fx.Graph) -> dict:
     """Inductor decomposition-table entries for the ops whose every call in ``graph`` is
     covered; the others stay opaque (and the package check names them)."""
     def example(arg: Any) -> Any:
+        if isinstance(arg, (list, tuple)):
+            return type(arg)(example(a) for a in arg)
         return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
 
     covered = decompositions_by_op()
