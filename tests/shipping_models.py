@@ -118,7 +118,8 @@ def lstm() -> nn.Module:
 
 class ActivationsNet(nn.Module):
     """MobileNetV3-style parts: hardswish, a squeeze-excite gate (hardsigmoid, mul), a
-    concatenation of branches with other qparams, sigmoid / tanh / ELU / leaky ReLU."""
+    concatenation of branches with other qparams, sigmoid / tanh / ELU / leaky ReLU and a
+    scalar add."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -136,7 +137,8 @@ class ActivationsNet(nn.Module):
         s = self.gate(self.excite(torch.relu(self.squeeze(x.mean((2, 3), keepdim=True)))))
         x = x * s
         y = torch.cat([self.sigmoid(self.left(x)), self.tanh(self.right(x))], 1)
-        return self.leaky(self.elu(self.head(y)))
+        y = self.leaky(self.elu(self.head(y)))
+        return y + 0.25
 
 
 def activations() -> nn.Module:

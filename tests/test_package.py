@@ -264,30 +264,28 @@ def test_load_rejects_what_it_did_not_write(tmp_path):
         torchquant.load(tmp_path)
 
 
-class _MulScalar(nn.Module):
-    """An eager-quantized elementwise product: ``torchquant::mul`` has no decomposition."""
+class _QuantizedLayerNorm(nn.Module):
+    """An eager-quantized LayerNorm: ``torchquant::layer_norm`` has no C++ form in a package."""
 
     def __init__(self) -> None:
         super().__init__()
         import torchquant.quantization as tq
-        from torchquant.nn.quantized import FloatFunctional
         self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
-        self.product = FloatFunctional()
+        self.norm = nn.LayerNorm(8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.quant(x)
-        return self.dequant(self.product.mul_scalar(x, 2.5))  # (no C++ form of this op)
+        return self.dequant(self.norm(self.quant(x)))
 
 
 def test_surviving_op_is_named_and_nothing_is_written(tmp_path):
     import torchquant.quantization as tq
-    model = _MulScalar().eval()
+    model = _QuantizedLayerNorm().eval()
     model.qconfig = tq.get_default_qconfig("x86")
     tq.prepare(model, inplace=True)
     model(torch.randn(4, 8))
     tq.convert(model, inplace=True)
-    target = tmp_path / "mul.pt2"
-    with pytest.raises(PackageError, match="torchquant::mul_scalar at mul_scalar"):
+    target = tmp_path / "norm.pt2"
+    with pytest.raises(PackageError, match="torchquant::layer_norm at layer_norm"):
         torchquant.export_package(model, (torch.randn(4, 8),), target)
     assert list(tmp_path.iterdir()) == []
 
@@ -360,7 +358,7 @@ def test_decompositions_add_clamp_pools(shape):
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_decompositions_activations_mul_cat_mean(channels_last):
     """The package decompositions of the 8-bit activations (the eager op's value table),
-    mul, cat (channels-last along channels with a remainder of channels below a vector, and
+    mul, the scalar add / mul, cat (channels-last along channels with a remainder of channels below a vector, and
     the plain path) and the inner-dims mean give the eager ops' integers.  Element counts are
     whole vectors: eager rounds a tail of fewer elements than a vector by torch's scalar
     formula, which the decompositions do not reproduce (the module docstring)."""
@@ -384,6 +382,11 @@ def test_decompositions_activations_mul_cat_mean(channels_last):
     assert torch.equal(D.cat(*args), tq_ops.cat(*args))
     args = ([a, b], [0.05, 0.05], [120, 120], 1, 0.05, 120, "quint8")  # same qparams: copies
     assert torch.equal(D.cat(*args), tq_ops.cat(*args))
+    for other, post_op in ((0.37, "none"), (-1.2, "relu"), (40.0, "none")):
+        args = (a, 0.05, 120, other, 0.06, 100, "quint8", post_op)
+        assert torch.equal(D.add_scalar(*args), tq_ops.add_scalar(*args))
+    for other in (2.0, 0.0, -0.5):
+        assert torch.equal(D.mul_scalar(a, other, "quint8"), tq_ops.mul_scalar(a, other, "quint8"))
     for keepdim in (True, False):
         assert torch.equal(D.mean_inner_dims(c, 7, "quint8", 2, keepdim),
                            tq_ops.mean_inner_dims(c, 7, "quint8", 2, keepdim))

@@ -28,7 +28,8 @@ running these ops as they are, on the kernels their benchmarks measured.
   torch's kernel takes for the layout -- the vectorised one where the input is dense in the
   output's layout (its scalar tail of fewer elements than a vector may land a step apart, as
   for ``add``), the scalar one where every element takes it; other layouts stay opaque.
-* ``mul`` (+ReLU), ``cat``, ``mean_inner_dims``: the eager ops' formulas (exact int32 products
+* ``mul`` (+ReLU), ``add_scalar``, ``mul_scalar``, ``cat``, ``mean_inner_dims``: the eager
+  ops' formulas (exact int32 products
   and sums, torch's float32 multipliers and rounding modes; cat's channels-last vector /
   remainder split).
 * ``max_pool2d``: the max pool of the 8-bit integers themselves where inductor writes the
@@ -340,6 +341,31 @@ def mul(a: torch.Tensor, a_scale: float, a_zero_point: int, b: torch.Tensor, b_s
                                    qd.storage_dtype, affine.ROUND_ADD)
 
 
+def add_scalar(x: torch.Tensor, scale: float, zero_point: int, other: float, out_scale: float,
+               out_zero_point: int, qdtype: str, post_op: str) -> torch.Tensor:
+    """The eager op: the codes moved by ``round(other / scale)`` steps, times the float32
+    multiplier ``scale * (1 / out_scale)``, rounded, plus the zero point (ROUND_ADD)."""
+    qd = _dt.qdtype_of(qdtype)
+    steps = round(float(other) / scale)
+    multiplier = affine.round_to_float32(affine.round_to_float32(scale)
+                                         * affine.inv_scale_float32(out_scale))
+    moved = x.to(torch.int32) - (zero_point - steps)
+    return affine.quantize_formula(moved.to(torch.float32), _f32_const(multiplier, x.device),
+                                   _f32_const(float(out_zero_point), x.device),
+                                   out_zero_point if post_op == "relu" else qd.qmin, qd.qmax,
+                                   qd.storage_dtype, affine.ROUND_ADD)
+
+
+def mul_scalar(x: torch.Tensor, other: float, qdtype: str) -> torch.Tensor:
+    """The eager op: the codes themselves, mirrored in the range, or zeros."""
+    qd = _dt.qdtype_of(qdtype)
+    if float(other) == 0:
+        return torch.zeros_like(x)
+    if float(other) > 0:
+        return x.clone()
+    return ((qd.qmax + qd.qmin) - x.to(torch.int32)).to(qd.storage_dtype)
+
+
 _CAT_NHWC_LANES = 8  # torch's channels-last cat kernel: vectors of 8 channels (ops.binary)
 
 
@@ -413,6 +439,8 @@ def decompositions_by_op() -> dict:
         tq.mean_inner_dims.default:
             (mean_inner_dims, lambda *a: a[0].dtype in (torch.uint8, torch.int8)
              and math.prod(a[0].shape[a[0].dim() - a[3]:]) < (1 << 22)),
+        tq.add_scalar.default: (add_scalar, _eight_bit),
+        tq.mul_scalar.default: (mul_scalar, _eight_bit),
         tq.mul.default: (mul, lambda *a: _eight_bit(*a) and a[3].dtype == a[0].dtype),
         tq.cat.default: (cat, lambda *a: all(t.dtype in (torch.uint8, torch.int8)
                                               for t in a[0])),
