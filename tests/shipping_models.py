@@ -118,8 +118,8 @@ def lstm() -> nn.Module:
 
 class ActivationsNet(nn.Module):
     """MobileNetV3-style parts: hardswish, a squeeze-excite gate (hardsigmoid, mul), a
-    concatenation of branches with other qparams, sigmoid / tanh / ELU / leaky ReLU and a
-    scalar add."""
+    concatenation of branches with other qparams, average pooling, sigmoid / tanh / ELU /
+    leaky ReLU and a scalar add."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -130,6 +130,7 @@ class ActivationsNet(nn.Module):
         self.left, self.right = nn.Conv2d(16, 8, 3, padding=1), nn.Conv2d(16, 12, 1)
         self.sigmoid, self.tanh, self.elu = nn.Sigmoid(), nn.Tanh(), nn.ELU()
         self.leaky = nn.LeakyReLU(0.1)
+        self.pool = nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False)
         self.head = nn.Conv2d(20, 8, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -137,7 +138,7 @@ class ActivationsNet(nn.Module):
         s = self.gate(self.excite(torch.relu(self.squeeze(x.mean((2, 3), keepdim=True)))))
         x = x * s
         y = torch.cat([self.sigmoid(self.left(x)), self.tanh(self.right(x))], 1)
-        y = self.leaky(self.elu(self.head(y)))
+        y = self.leaky(self.elu(self.head(self.pool(y))))
         return y + 0.25
 
 

@@ -358,7 +358,7 @@ def test_decompositions_add_clamp_pools(shape):
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_decompositions_activations_mul_cat_mean(channels_last):
     """The package decompositions of the 8-bit activations (the eager op's value table),
-    mul, the scalar add / mul, cat (channels-last along channels with a remainder of channels below a vector, and
+    mul, the scalar add / mul, average pooling, cat (channels-last along channels with a remainder of channels below a vector, and
     the plain path) and the inner-dims mean give the eager ops' integers.  Element counts are
     whole vectors: eager rounds a tail of fewer elements than a vector by torch's scalar
     formula, which the decompositions do not reproduce (the module docstring)."""
@@ -387,6 +387,10 @@ def test_decompositions_activations_mul_cat_mean(channels_last):
         assert torch.equal(D.add_scalar(*args), tq_ops.add_scalar(*args))
     for other in (2.0, 0.0, -0.5):
         assert torch.equal(D.mul_scalar(a, other, "quint8"), tq_ops.mul_scalar(a, other, "quint8"))
+    for pool in (([3, 3], [1, 1], [1, 1], False, True, None),
+                 ([3, 3], [2, 2], [1, 1], True, False, None), ([2, 2], [2, 2], [0, 0], False, True, 3)):
+        args = (c, 7, "quint8", *pool)
+        assert torch.equal(D.avg_pool2d(*args), tq_ops.avg_pool2d(*args))
     for keepdim in (True, False):
         assert torch.equal(D.mean_inner_dims(c, 7, "quint8", 2, keepdim),
                            tq_ops.mean_inner_dims(c, 7, "quint8", 2, keepdim))

@@ -8,7 +8,8 @@ inductor passes (:mod:`torchquant.ops.inductor`, registered at import) turn torc
 into code torch implements in C++: quantize / dequantize into generated loops, 2-d int8 convs
 and static Linears into oneDNN calls with weights prepacked at freezing, dynamic Linears and
 LSTM steps into ``torch._int_mm`` and tensor arithmetic, adds, multiplies, concatenations,
-clamps, 8-bit activations (value tables), means and max / global pooling into generated loops.
+clamps, 8-bit activations (value tables), means and max / average / global pooling into
+generated loops.
 The generated code is then searched for calls back into torchquant (its ops or its native
 library); any left (e.g. 1-d / 3-d or transposed convs, quantized LayerNorm) is an error
 naming the op and the model's nodes, before the file is written.

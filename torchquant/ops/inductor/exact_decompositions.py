@@ -28,8 +28,8 @@ running these ops as they are, on the kernels their benchmarks measured.
   torch's kernel takes for the layout -- the vectorised one where the input is dense in the
   output's layout (its scalar tail of fewer elements than a vector may land a step apart, as
   for ``add``), the scalar one where every element takes it; other layouts stay opaque.
-* ``mul`` (+ReLU), ``add_scalar``, ``mul_scalar``, ``cat``, ``mean_inner_dims``: the eager
-  ops' formulas (exact int32 products
+* ``mul`` (+ReLU), ``add_scalar``, ``mul_scalar``, ``cat``, ``mean_inner_dims``,
+  ``avg_pool2d`` (static image sizes): the eager ops' formulas (exact int32 products
   and sums, torch's float32 multipliers and rounding modes; cat's channels-last vector /
   remainder split).
 * ``max_pool2d``: the max pool of the 8-bit integers themselves where inductor writes the
@@ -56,6 +56,7 @@ from ...kernels import elementwise as _kelementwise
 from ...kernels import onednn_exactness as _exactness
 from ...kernels.reference import add_formula
 from .. import _lanes
+from .. import pooling as _pooling
 from .._library import traced
 from . import fusion, packaging_state, saturation_safe
 from .packaging_state import is_packaging
@@ -230,6 +231,43 @@ def _global_mean(values: torch.Tensor, zero_point: int, qdtype: str, ndim: int,
     q = torch.clamp(torch.round(acc * inv + float(zero_point)), qd.qmin, qd.qmax)
     q = q.to(torch.int32).to(qd.storage_dtype)
     return q.contiguous(memory_format=_layout_of(values)) if keepdim else q
+
+
+def _avg_pool_operands(in_sizes: tuple, out_sizes: tuple, kernel: list[int], stride: list[int],
+                       padding: list[int], count_include_pad: bool,
+                       divisor_override: Optional[int], zero_point: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(valid count * zero point, float32 1 / divisor) per output position, as the eager op
+    computes them (:func:`torchquant.ops.pooling._avg_pool`), real constants of the graph."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+    with unset_fake_temporarily(), disable_proxy_modes_tracing():
+        windows = [_pooling.window_sizes(i, o, k, s, p) for i, o, k, s, p in
+                   zip(in_sizes, out_sizes, kernel, stride or kernel, padding)]
+        padded = _pooling.outer([w[0] for w in windows])
+        valid = _pooling.outer([w[1] for w in windows])
+        if divisor_override:
+            divisor = torch.full_like(valid, int(divisor_override))
+        else:
+            divisor = padded if count_include_pad else valid
+        return (valid.to(torch.float32) * zero_point,
+                affine.inv_scale_f32(divisor.to(torch.float32)))
+
+
+def avg_pool2d(values: torch.Tensor, zero_point: int, qdtype: str, kernel_size: list[int],
+               stride: list[int], padding: list[int], ceil_mode: bool, count_include_pad: bool,
+               divisor_override: Optional[int]) -> torch.Tensor:
+    """The eager op: exact window sums (float32 of 8-bit codes), the valid elements' zero
+    point removed, ``round(acc * (1 / divisor) + zp)`` (MUL_ADD)."""
+    qd = _dt.qdtype_of(qdtype)
+    sums = torch.nn.functional.avg_pool2d(values.to(torch.float32), kernel_size, stride or None,
+                                          padding, ceil_mode, True, divisor_override=1)
+    shifted_zero, inv = _avg_pool_operands(tuple(values.shape[-2:]), tuple(sums.shape[-2:]),
+                                           kernel_size, stride, padding, count_include_pad,
+                                           divisor_override, zero_point)
+    return affine.quantize_formula(sums - shifted_zero, inv,
+                                   _f32_const(float(zero_point), values.device), qd.qmin,
+                                   qd.qmax, qd.storage_dtype, affine.MUL_ADD)
 
 
 def mean_inner_dims(values: torch.Tensor, zero_point: int, qdtype: str, ndim: int,
@@ -440,6 +478,9 @@ def decompositions_by_op() -> dict:
             (mean_inner_dims, lambda *a: a[0].dtype in (torch.uint8, torch.int8)
              and math.prod(a[0].shape[a[0].dim() - a[3]:]) < (1 << 22)),
         tq.add_scalar.default: (add_scalar, _eight_bit),
+        tq.avg_pool2d.default:
+            (avg_pool2d, lambda *a: _eight_bit(*a)
+             and all(isinstance(d, int) for d in a[0].shape[-2:])),
         tq.mul_scalar.default: (mul_scalar, _eight_bit),
         tq.mul.default: (mul, lambda *a: _eight_bit(*a) and a[3].dtype == a[0].dtype),
         tq.cat.default: (cat, lambda *a: all(t.dtype in (torch.uint8, torch.int8)
