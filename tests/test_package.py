@@ -264,6 +264,36 @@ def test_load_rejects_what_it_did_not_write(tmp_path):
         torchquant.load(tmp_path)
 
 
+class _Conv1dNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        import torchquant.quantization as tq
+        self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
+        self.conv, self.relu = nn.Conv1d(4, 8, 3, padding=1), nn.ReLU()
+        self.down = nn.Conv1d(8, 6, 3, stride=2, dilation=2, padding=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.down(self.relu(self.conv(self.quant(x)))))
+
+
+def test_conv1d_packages_as_the_height_one_conv2d(tmp_path):
+    """1-d int8 convs (fused ReLU, stride, dilation) become oneDNN's 2-d call on the height-1
+    view: the eager model's integers, two batch sizes.  Where oneDNN saturates they are not
+    taken (no exact split for 1-d): the error names them."""
+    torch.manual_seed(0)
+    model = _eager_int8(_Conv1dNet(), torch.randn(8, 4, 20))
+    target = tmp_path / "conv1d.pt2"
+    if not ops_linear.onednn_u8s8_exact():
+        with pytest.raises(PackageError, match="torchquant::conv at conv"):
+            torchquant.export_package(model, (torch.randn(2, 4, 20),), target)
+        return
+    package = torchquant.load(torchquant.export_package(model, (torch.randn(2, 4, 20),), target))
+    for batch in (2, 5):
+        x = torch.randn(batch, 4, 20) * 2
+        with torch.no_grad():
+            assert torch.equal(package(x), model(x)), batch
+
+
 class _QuantizedLayerNorm(nn.Module):
     """An eager-quantized LayerNorm: ``torchquant::layer_norm`` has no C++ form in a package."""
 

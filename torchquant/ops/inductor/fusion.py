@@ -14,7 +14,8 @@ in-place sum into a copy of the other addend; not where that addend is the conv'
 which oneDNN would overwrite while reading) / ``qlinear_pointwise`` on the integers, the weight
 prepacked here, once, from the frozen constants.  Without a quantize after it the call writes
 float32.  ``torchquant::conv`` nodes whose weights are frozen constants (an exported eager- or
-FX-converted model) become the oneDNN call their eager kernel makes.  Small 2-d convs (static
+FX-converted model) become the oneDNN call their eager kernel makes (1-d convs, in packages, as
+the 2-d call on their height-1 view).  Small 2-d convs (static
 shapes; :func:`torchquant.kernels.native.conv_preferred`) call torchquant's native conv
 instead, same integers without oneDNN's per-call set-up; with a symbolic batch, a conv the
 native kernel wins at small batches calls ``qconv2d_or_onednn``, which chooses per call by the
@@ -424,7 +425,7 @@ def _fuse_torchquant_conv(g: _Graph, node: fx.Node) -> bool:
     frozen = frozen_op_weight(g, a)
     val = x.meta.get("val") if isinstance(x, fx.Node) else None
     post_op, other = a["post_op"], a["other"]
-    if (val is None or val.dtype != torch.uint8 or val.dim() != 4 or frozen is None
+    if (val is None or val.dtype != torch.uint8 or val.dim() not in (3, 4) or frozen is None
             or post_op not in ("none", "relu", "add", "add_relu")
             or (other is not None and (other is x or other.meta["val"].dtype != torch.uint8))):
         return False
@@ -433,6 +434,13 @@ def _fuse_torchquant_conv(g: _Graph, node: fx.Node) -> bool:
     geometry = (list(a["stride"]), list(a["padding"]), list(a["dilation"]), a["groups"])
     addend = (None if other is None
               else (other, float(a["other_scale"]), int(a["other_zero_point"])))
+    if val.dim() == 3:
+        # a 1-d conv: only packages need it in C++ (torch.compile runs the op), and only where
+        # oneDNN is exact; as the 2-d conv of height 1 that oneDNN's 1-d conv is
+        if native_allowed() or not _exactness.onednn_u8s8_exact():
+            return False
+        _emit_conv1d(g, node, x, a, w, w_scale, w_zp, bias, geometry, addend)
+        return True
     if not _exactness.onednn_u8s8_exact():
         if native_allowed():  # torch.compile: the op runs its eager kernel, exact here
             return False
@@ -445,6 +453,41 @@ def _fuse_torchquant_conv(g: _Graph, node: fx.Node) -> bool:
                bias, geometry, addend, unary, [],
                (float(a["out_scale"]), int(a["out_zero_point"])))
     return True
+
+
+def _emit_conv1d(g: _Graph, node: fx.Node, x: fx.Node, a: dict, w: torch.Tensor,
+                 w_scale: torch.Tensor, w_zp: torch.Tensor, bias: Optional[torch.Tensor],
+                 geometry: tuple, addend: Optional[tuple]) -> None:
+    """``torchquant::conv`` of a 3-d input as the 2-d int8 call on its height-1 view, the
+    output viewed back and made contiguous (the eager op's layout)."""
+    graph = node.graph
+
+    def height_one(n: fx.Node) -> fx.Node:
+        with graph.inserting_before(node):
+            view = graph.call_function(aten.unsqueeze.default, (n, 2))
+        view.meta["val"] = n.meta["val"].unsqueeze(2)
+        return view
+
+    stride, padding, dilation, groups = geometry
+    addend4 = None if addend is None else (height_one(addend[0]), *addend[1:])
+    flat_val = node.meta["val"]
+    node.meta["val"] = flat_val.unsqueeze(2)  # what _emit_conv builds the call's value from
+    post_op = a["post_op"]
+    _emit_conv(g, node, node, height_one(x), float(a["x_scale"]), int(a["x_zero_point"]),
+               w.unsqueeze(2), w_scale, w_zp, bias, ([1, *stride], [0, *padding],
+                                                     [1, *dilation], groups),
+               addend4, "relu" if post_op in ("relu", "add_relu") else "none", [],
+               (float(a["out_scale"]), int(a["out_zero_point"])))
+    node.meta["val"] = flat_val
+    call = node.prev  # _emit_conv inserts its call last, right before the replaced node
+    with graph.inserting_after(call):
+        flat = graph.call_function(aten.squeeze.dim, (call, 2))
+    flat.meta["val"] = call.meta["val"].squeeze(2)
+    with graph.inserting_after(flat):
+        out = graph.call_function(aten.clone.default, (flat,),
+                                  {"memory_format": torch.contiguous_format})
+    out.meta["val"] = flat.meta["val"].contiguous()
+    call.replace_all_uses_with(out, delete_user_cb=lambda user: user is not flat)
 
 
 def _linear_operands(node: fx.Node) -> Optional[tuple]:
