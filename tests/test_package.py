@@ -294,6 +294,43 @@ def test_conv1d_packages_as_the_height_one_conv2d(tmp_path):
             assert torch.equal(package(x), model(x)), batch
 
 
+class _DecoderNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        import torchquant.quantization as tq
+        self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
+        self.conv, self.relu = nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()
+        self.up = nn.ConvTranspose2d(8, 5, 3, stride=2, padding=1, output_padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.up(self.relu(self.conv(self.quant(x)))))
+
+
+def test_conv_transpose_packages_within_a_step(tmp_path):
+    """A transposed conv (in != out channels) packages as the eager op's reference computation:
+    the eager model's integers but where inductor's float conv sums in another order and an
+    output sits within an ulp of a tie (one step); measured equal everywhere here."""
+    import torchquant.quantization as tq
+    torch.manual_seed(0)
+    model = tq.fuse_modules(_DecoderNet().eval(), [["conv", "relu"]])
+    model.qconfig = tq.get_default_qconfig("x86")
+    model.up.qconfig = tq.default_qconfig  # per-tensor weights: torch's rule for transposed convs
+    tq.prepare(model, inplace=True)
+    with torch.no_grad():
+        model(torch.randn(8, 3, 12, 12))
+    tq.convert(model, inplace=True)
+    package = torchquant.load(torchquant.export_package(
+        model, (torch.randn(2, 3, 12, 12),), tmp_path / "decoder.pt2"))
+    step = model.up.scale
+    for batch in (2, 5):
+        x = torch.randn(batch, 3, 12, 12)
+        with torch.no_grad():
+            got, expected = package(x), model(x)
+        assert got.shape == expected.shape
+        assert ((got - expected).abs() <= step * 1.0001).all(), batch
+        assert (got == expected).float().mean().item() >= 0.99, batch
+
+
 class _QuantizedLayerNorm(nn.Module):
     """An eager-quantized LayerNorm: ``torchquant::layer_norm`` has no C++ form in a package."""
 
@@ -388,7 +425,7 @@ def test_decompositions_add_clamp_pools(shape):
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_decompositions_activations_mul_cat_mean(channels_last):
     """The package decompositions of the 8-bit activations (the eager op's value table),
-    mul, the scalar add / mul, average pooling, cat (channels-last along channels with a remainder of channels below a vector, and
+    mul, the scalar add / mul, average pooling, the transposed conv, cat (channels-last along channels with a remainder of channels below a vector, and
     the plain path) and the inner-dims mean give the eager ops' integers.  Element counts are
     whole vectors: eager rounds a tail of fewer elements than a vector by torch's scalar
     formula, which the decompositions do not reproduce (the module docstring)."""
@@ -421,6 +458,14 @@ def test_decompositions_activations_mul_cat_mean(channels_last):
                  ([3, 3], [2, 2], [1, 1], True, False, None), ([2, 2], [2, 2], [0, 0], False, True, 3)):
         args = (c, 7, "quint8", *pool)
         assert torch.equal(D.avg_pool2d(*args), tq_ops.avg_pool2d(*args))
+    w = torch.randint(-127, 128, (13, 6, 3, 3), dtype=torch.int8)
+    for w_scale, w_zp, post_op in ((torch.rand(6, dtype=torch.float64) / 50,
+                                    torch.zeros(6, dtype=torch.int64), "relu"),
+                                   (torch.tensor(0.02, dtype=torch.float64),
+                                    torch.tensor(0), "none")):
+        args = (c, 0.02, 7, w, w_scale, w_zp, torch.randn(6), 1, [2, 2], [1, 1], [1, 1],
+                [1, 1], 1, 0.3, 60, post_op)
+        assert torch.equal(D.conv_transpose(*args), tq_ops.conv_transpose(*args))
     for keepdim in (True, False):
         assert torch.equal(D.mean_inner_dims(c, 7, "quint8", 2, keepdim),
                            tq_ops.mean_inner_dims(c, 7, "quint8", 2, keepdim))

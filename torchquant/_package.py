@@ -6,13 +6,13 @@ The model is exported (``torch.export``, the batch dimension dynamic) and compil
 ``torch._inductor.aoti_compile_and_package`` with inductor freezing, where torchquant's
 inductor passes (:mod:`torchquant.ops.inductor`, registered at import) turn torchquant's ops
 into code torch implements in C++: quantize / dequantize into generated loops, 1-d / 2-d int8
-convs and static Linears into oneDNN calls with weights prepacked at freezing, dynamic Linears and
-LSTM steps into ``torch._int_mm`` and tensor arithmetic, adds, multiplies, concatenations,
-clamps, 8-bit activations (value tables), means and max / average / global pooling into
-generated loops.
-The generated code is then searched for calls back into torchquant (its ops or its native
-library); any left (e.g. 3-d or transposed convs, quantized LayerNorm) is an error
-naming the op and the model's nodes, before the file is written.
+convs and static Linears into oneDNN calls with weights prepacked at freezing, transposed
+convs into dequantize / float transposed conv / quantize (torchquant's reference for them),
+dynamic Linears and LSTM steps into ``torch._int_mm`` and tensor arithmetic, adds,
+multiplies, concatenations, clamps, 8-bit activations (value tables), means and max /
+average / global pooling into generated loops.  The generated code is then searched for calls
+back into torchquant (its ops or its native library); any left (e.g. 3-d convs, quantized
+LayerNorm) is an error naming the op and the model's nodes, before the file is written.
 
 Which CPUs a package is exact on (the same integers as the Python model):
 

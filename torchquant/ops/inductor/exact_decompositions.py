@@ -28,6 +28,9 @@ running these ops as they are, on the kernels their benchmarks measured.
   torch's kernel takes for the layout -- the vectorised one where the input is dense in the
   output's layout (its scalar tail of fewer elements than a vector may land a step apart, as
   for ``add``), the scalar one where every element takes it; other layouts stay opaque.
+* ``conv_transpose``: the eager op's reference computation (dequantize, float transposed
+  conv, post-op, quantize); inductor's float conv may sum in another order than the eager
+  call's, so an output within an ulp of a tie can land a step apart.
 * ``mul`` (+ReLU), ``add_scalar``, ``mul_scalar``, ``cat``, ``mean_inner_dims``,
   ``avg_pool2d`` (static image sizes): the eager ops' formulas (exact int32 products
   and sums, torch's float32 multipliers and rounding modes; cat's channels-last vector /
@@ -379,6 +382,43 @@ def mul(a: torch.Tensor, a_scale: float, a_zero_point: int, b: torch.Tensor, b_s
                                    qd.storage_dtype, affine.ROUND_ADD)
 
 
+_CONV_TRANSPOSE = {3: torch.nn.functional.conv_transpose1d, 4: torch.nn.functional.conv_transpose2d,
+                   5: torch.nn.functional.conv_transpose3d}
+_CONV_TRANSPOSE_POST_OPS = ("none", "relu", "add", "add_relu", "leaky_relu", "tanh")
+
+
+def conv_transpose(x: torch.Tensor, x_scale: float, x_zero_point: int, weight: torch.Tensor,
+                   weight_scale: torch.Tensor, weight_zero_point: torch.Tensor,
+                   bias: Optional[torch.Tensor], weight_axis: int, stride: list[int],
+                   padding: list[int], output_padding: list[int], dilation: list[int],
+                   groups: int, out_scale: float, out_zero_point: int, post_op: str = "none",
+                   negative_slope: float = 0.01, other: Optional[torch.Tensor] = None,
+                   other_scale: float = 1.0, other_zero_point: int = 0) -> torch.Tensor:
+    """The eager op (torchquant's reference transposed conv): the input and weight dequantized
+    (the per-channel weight in float64, as torch), a float transposed conv, the post-op, one
+    quantize (``round(fma(y, 1 / out_scale, zp))``).  The float conv is inductor's call of
+    ATen's, whose algorithm may order its sums otherwise than the eager call (layouts), so an
+    output within an ulp of a rounding tie can land one step apart."""
+    x_hat = affine.dequantize_int(x, *affine.per_tensor_qparams(x_scale, x_zero_point, x.device))
+    axis = None if weight_scale.dim() == 0 else weight_axis
+    w_hat = affine.dequantize_formula(*affine.dequantize_operands(
+        weight, weight_scale, weight_zero_point, axis))
+    y = _CONV_TRANSPOSE[x.dim()](x_hat, w_hat, bias, stride, padding, output_padding, groups,
+                                 dilation)
+    if post_op in ("add", "add_relu"):
+        y = y + affine.dequantize_int(other, *affine.per_tensor_qparams(
+            other_scale, other_zero_point, other.device))
+    if post_op in ("relu", "add_relu"):
+        y = torch.relu(y)
+    elif post_op == "leaky_relu":
+        y = torch.nn.functional.leaky_relu(y, negative_slope)
+    elif post_op == "tanh":
+        y = torch.tanh(y)
+    q = torch.round(_fma(y, _f32_const(affine.inv_scale_float32(out_scale), x.device),
+                         _f32_const(float(out_zero_point), x.device)))
+    return torch.clamp(q, 0, 255).to(torch.uint8)
+
+
 def add_scalar(x: torch.Tensor, scale: float, zero_point: int, other: float, out_scale: float,
                out_zero_point: int, qdtype: str, post_op: str) -> torch.Tensor:
     """The eager op: the codes moved by ``round(other / scale)`` steps, times the float32
@@ -478,6 +518,9 @@ def decompositions_by_op() -> dict:
             (mean_inner_dims, lambda *a: a[0].dtype in (torch.uint8, torch.int8)
              and math.prod(a[0].shape[a[0].dim() - a[3]:]) < (1 << 22)),
         tq.add_scalar.default: (add_scalar, _eight_bit),
+        tq.conv_transpose.default:
+            (conv_transpose, lambda *a: a[0].dtype == torch.uint8 and a[0].dim() in (3, 4, 5)
+             and a[15] in _CONV_TRANSPOSE_POST_OPS),
         tq.avg_pool2d.default:
             (avg_pool2d, lambda *a: _eight_bit(*a)
              and all(isinstance(d, int) for d in a[0].shape[-2:])),
