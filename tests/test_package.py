@@ -424,11 +424,12 @@ def test_decompositions_add_clamp_pools(shape):
 
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_decompositions_activations_mul_cat_mean(channels_last):
-    """The package decompositions of the 8-bit activations (the eager op's value table),
-    mul, the scalar add / mul, average pooling, the transposed conv, cat (channels-last along channels with a remainder of channels below a vector, and
-    the plain path) and the inner-dims mean give the eager ops' integers.  Element counts are
-    whole vectors: eager rounds a tail of fewer elements than a vector by torch's scalar
-    formula, which the decompositions do not reproduce (the module docstring)."""
+    """The package decompositions of the 8-bit activations (the eager op's value table), mul, the
+    scalar add / mul, average pooling, the transposed conv, cat (channels-last along
+    channels with a remainder of channels below a vector, and the plain path) and the
+    inner-dims mean give the eager ops' integers. Element counts are whole vectors: eager rounds a
+    tail of fewer elements than a vector by torch's scalar formula, which the decompositions
+    do not reproduce (the module docstring)."""
     from torchquant.ops.inductor import exact_decompositions as D
     tq_ops = torch.ops.torchquant
     layout = torch.channels_last if channels_last else torch.contiguous_format
@@ -455,7 +456,8 @@ def test_decompositions_activations_mul_cat_mean(channels_last):
     for other in (2.0, 0.0, -0.5):
         assert torch.equal(D.mul_scalar(a, other, "quint8"), tq_ops.mul_scalar(a, other, "quint8"))
     for pool in (([3, 3], [1, 1], [1, 1], False, True, None),
-                 ([3, 3], [2, 2], [1, 1], True, False, None), ([2, 2], [2, 2], [0, 0], False, True, 3)):
+                 ([3, 3], [2, 2], [1, 1], True, False, None),
+                 ([2, 2], [2, 2], [0, 0], False, True, 3)):
         args = (c, 7, "quint8", *pool)
         assert torch.equal(D.avg_pool2d(*args), tq_ops.avg_pool2d(*args))
     w = torch.randint(-127, 128, (13, 6, 3, 3), dtype=torch.int8)

@@ -241,13 +241,14 @@ EXACT_CASES = [("resnet", "fx"), ("resnet", "eager"), ("mobilenet", "fx")]
 
 @pytest.mark.parametrize("name, flow", EXACT_CASES, ids=[f"{n}-{f}" for n, f in EXACT_CASES])
 def test_exact_form_gives_torchquants_integers_in_ort(name, flow, tmp_path):
-    """``exact=True``: no QDQ unit for ORT to fuse (no weight DequantizeLinear: the static ops
-    are float Conv / MatMul of integer values and torchquant's epilogue), and ORT's outputs are torchquant's within one
-    step everywhere (the issue's >= 99 %), equal on >= 80 % of elements (measured 90-100 %).
-    Not all: at batch 16 some small convs run torchquant's native conv, which rounds ``acc * (x_scale *
-    w_scale)`` (fbgemm's order) where the exact form rounds ``acc * x_scale`` first (oneDNN's and
-    torch.ao's order), one step apart at rare ties that then propagate (one code flipped
-    before the classifier moves an image's every logit)."""
+    """``exact=True``: no QDQ unit for ORT to fuse (no weight DequantizeLinear: the static ops are
+    float Conv / MatMul of integer values and torchquant's epilogue), and ORT's outputs are
+    torchquant's within one step everywhere (the issue's >= 99 %), equal on >= 80 % of
+    elements (measured 90-100 %). Not all: at batch 16 some small convs run torchquant's
+    native conv, which rounds ``acc * (x_scale * w_scale)`` (fbgemm's order) where the exact
+    form rounds ``acc * x_scale`` first (oneDNN's and torch.ao's order), one step apart at
+    rare ties that then propagate (one code flipped before the classifier moves an image's
+    every logit)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = _convert(name, flow, _float_model(name))
