@@ -8,8 +8,8 @@ names the CPU and its int8-relevant flags.  For each workload the same converted
 torchquant (eager, and ``torchquant.compile`` where it applies) and, exported with
 ``torchquant.onnx.export`` (QDQ; dynamic batch: one file serves every batch size), in ONNX
 Runtime's CPU EP; the eager / FX CNNs also in the export's ``exact=True`` form.  Times are
-medians over interleaved rounds (each round runs every implementation once, in short blocks), so a stall of the shared machine hits all rows alike.
-Each row also prints its fidelity to float (output SQNR in dB; mean-pooled embedding cosine
+medians over interleaved rounds (each round runs every implementation once, in short
+blocks), so a stall of the shared machine hits all rows alike.  Each row also prints its fidelity to float (output SQNR in dB; mean-pooled embedding cosine
 for MiniLM) and, for ORT rows, its largest difference from the torchquant model it was
 exported from.
 
