@@ -218,7 +218,7 @@ def mul(a: torch.Tensor, a_scale: float, a_zp: int, b: torch.Tensor, b_scale: fl
 
 # ---- cat -------------------------------------------------------------------------------------
 
-_CAT_NHWC_LANES = 8  # channels per vector in torch's channels-last cat kernel (measured)
+CAT_NHWC_LANES = 8  # channels per vector in torch's channels-last cat kernel (measured)
 
 
 def _is_cat_nhwc_fast_path(tensors: Sequence[torch.Tensor], dim: int) -> bool:
@@ -241,7 +241,7 @@ def _cat_nhwc_part(x: torch.Tensor, scale: float, zp: int, out_scale: float, out
     vector = ops_quantize.quantize_with_multiplier(affine.dequantize_int_premul(x, scale, zp),
                                                    inv_out, out_zp, qd.qmin, qd.qmax,
                                                    qd.storage_dtype, affine.ROUND_ADD)
-    split = x.shape[1] // _CAT_NHWC_LANES * _CAT_NHWC_LANES
+    split = x.shape[1] // CAT_NHWC_LANES * CAT_NHWC_LANES
     if split < x.shape[1]:
         rest = x[:, split:]
         vector[:, split:] = ops_quantize.quantize_with_multiplier(

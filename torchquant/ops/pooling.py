@@ -366,7 +366,7 @@ def max_pool(values: torch.Tensor, ndim: int, kernel_size: IntOrTuple,
 
 # ---- average pooling -------------------------------------------------------------------------
 
-def window_sizes(in_size: int, out_size: int, kernel: int, stride: int, pad: int
+def _window_sizes(in_size: int, out_size: int, kernel: int, stride: int, pad: int
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per output position: the window length inside the padded input, and inside the input."""
     start = torch.arange(out_size, dtype=torch.int64) * stride - pad
@@ -374,7 +374,7 @@ def window_sizes(in_size: int, out_size: int, kernel: int, stride: int, pad: int
     return end - start, torch.clamp(end, max=in_size) - torch.clamp(start, min=0)
 
 
-def outer(per_dim: Sequence[torch.Tensor]) -> torch.Tensor:
+def _outer(per_dim: Sequence[torch.Tensor]) -> torch.Tensor:
     """Product over dims of per-dim sizes, shaped (out_1, ..., out_n)."""
     out = per_dim[0]
     for sizes in per_dim[1:]:
@@ -398,16 +398,23 @@ def _avg_pool(values: torch.Tensor, zero_point: int, qd: _dt.QDType, ndim: int,
     values = _exact_float(values)
     sums = _AVG_POOL[ndim](values, list(kernel), list(strides), list(pads), ceil_mode, True,
                            divisor_override=1)
-    in_sizes, out_sizes = values.shape[-ndim:], sums.shape[-ndim:]
-    windows = [window_sizes(i, o, k, s, p)
-               for i, o, k, s, p in zip(in_sizes, out_sizes, kernel, strides, pads)]
-    padded = outer([w[0] for w in windows])
-    valid = outer([w[1] for w in windows])
-    if divisor_override:
-        divisor = torch.full_like(valid, int(divisor_override))
-    else:
-        divisor = padded if count_include_pad else valid
+    valid, divisor = avg_pool_counts(values.shape[-ndim:], sums.shape[-ndim:], kernel, strides,
+                                     pads, count_include_pad, divisor_override)
     return _requantize_mean(sums, valid, divisor, zero_point, qd)
+
+
+def avg_pool_counts(in_sizes: Sequence[int], out_sizes: Sequence[int], kernel: Sequence[int],
+                    strides: Sequence[int], pads: Sequence[int], count_include_pad: bool,
+                    divisor_override: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input elements in each window, its divisor), shaped like the pooled output's spatial
+    dims: what average pooling removes the zero point for and divides by."""
+    windows = [_window_sizes(i, o, k, s, p)
+               for i, o, k, s, p in zip(in_sizes, out_sizes, kernel, strides, pads)]
+    padded = _outer([w[0] for w in windows])
+    valid = _outer([w[1] for w in windows])
+    if divisor_override:
+        return valid, torch.full_like(valid, int(divisor_override))
+    return valid, padded if count_include_pad else valid
 
 
 def _avg_pool_fake(values: torch.Tensor, qd: _dt.QDType, ndim: int, kernel: Sequence[int],
@@ -494,7 +501,7 @@ def _adaptive_counts(in_sizes: tuple, sizes: tuple) -> tuple[torch.Tensor, torch
     """Elements per adaptive window (float64) and torch's float32 ``1 / count``, cached: they
     depend on the shapes only and cost more to build than the pooling itself."""
     def build():
-        counts = outer([_adaptive_sizes(i, o) for i, o in zip(in_sizes, sizes)])
+        counts = _outer([_adaptive_sizes(i, o) for i, o in zip(in_sizes, sizes)])
         counts = counts.to(torch.float64)
         return counts, affine.inv_scale_f32(counts)
     return _cached(_ADAPTIVE_COUNTS, 64, (in_sizes, sizes), build)

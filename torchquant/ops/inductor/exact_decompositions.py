@@ -59,6 +59,7 @@ from ...kernels import elementwise as _kelementwise
 from ...kernels import onednn_exactness as _exactness
 from ...kernels.reference import add_formula
 from .. import _lanes
+from .. import binary as _binary
 from .. import pooling as _pooling
 from .._library import traced
 from . import fusion, packaging_state, saturation_safe
@@ -241,18 +242,13 @@ def _avg_pool_operands(in_sizes: tuple, out_sizes: tuple, kernel: list[int], str
                        divisor_override: Optional[int], zero_point: int
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """(valid count * zero point, float32 1 / divisor) per output position, as the eager op
-    computes them (:func:`torchquant.ops.pooling._avg_pool`), real constants of the graph."""
+    computes them (:func:`torchquant.ops.pooling.avg_pool_counts`), real constants of the
+    graph."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
     with unset_fake_temporarily(), disable_proxy_modes_tracing():
-        windows = [_pooling.window_sizes(i, o, k, s, p) for i, o, k, s, p in
-                   zip(in_sizes, out_sizes, kernel, stride or kernel, padding)]
-        padded = _pooling.outer([w[0] for w in windows])
-        valid = _pooling.outer([w[1] for w in windows])
-        if divisor_override:
-            divisor = torch.full_like(valid, int(divisor_override))
-        else:
-            divisor = padded if count_include_pad else valid
+        valid, divisor = _pooling.avg_pool_counts(in_sizes, out_sizes, kernel, stride or kernel,
+                                                  padding, count_include_pad, divisor_override)
         return (valid.to(torch.float32) * zero_point,
                 affine.inv_scale_f32(divisor.to(torch.float32)))
 
@@ -444,9 +440,6 @@ def mul_scalar(x: torch.Tensor, other: float, qdtype: str) -> torch.Tensor:
     return ((qd.qmax + qd.qmin) - x.to(torch.int32)).to(qd.storage_dtype)
 
 
-_CAT_NHWC_LANES = 8  # torch's channels-last cat kernel: vectors of 8 channels (ops.binary)
-
-
 def _cat_nhwc_part(x: torch.Tensor, scale: float, zp: int, out_scale: float, out_zp: int,
                    qd: _dt.QDType) -> torch.Tensor:
     """The eager op's channels-last part: fma dequantize and ROUND_ADD for whole vectors of
@@ -456,7 +449,7 @@ def _cat_nhwc_part(x: torch.Tensor, scale: float, zp: int, out_scale: float, out
     inv = _f32_const(affine.inv_scale_float32(out_scale), x.device)
     out_zp_t = _f32_const(float(out_zp), x.device)
     s32 = affine.round_to_float32(scale)
-    split = x.shape[1] // _CAT_NHWC_LANES * _CAT_NHWC_LANES
+    split = x.shape[1] // _binary.CAT_NHWC_LANES * _binary.CAT_NHWC_LANES
     parts = []
     if split:
         head = _fma(x[:, :split].to(torch.float32), _f32_const(s32, x.device),

@@ -204,7 +204,7 @@ class _Graph:
             return self.gm.graph.get_attr(name)
 
 
-def _replace(old: fx.Node, target: Any, args: tuple, example: torch.Tensor) -> None:
+def _replace(old: fx.Node, target: Any, args: tuple, example: torch.Tensor) -> fx.Node:
     with old.graph.inserting_before(old):
         new = old.graph.call_function(target, args)
     new.meta.update(old.meta)
@@ -212,6 +212,7 @@ def _replace(old: fx.Node, target: Any, args: tuple, example: torch.Tensor) -> N
     # the replaced op's recorded eager inputs would be matched against the new op's schema
     new.meta.pop("eager_input_vals", None)
     old.replace_all_uses_with(new)
+    return new
 
 
 def _fake_like(meta_val: Any, dtype: torch.dtype, memory_format: torch.memory_format) -> Any:
@@ -294,19 +295,22 @@ def _trim_padding_taps(spatial: Optional[list[int]], w: torch.Tensor,
 def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: float,
                x_zp: int, w: torch.Tensor, w_scale: torch.Tensor, w_zp: torch.Tensor,
                bias: Optional[torch.Tensor], geometry: tuple, other: Optional[tuple],
-               unary: str, scalars: list, out: Optional[tuple[float, int]]) -> None:
+               unary: str, scalars: list, out: Optional[tuple[float, int]],
+               out_val: Optional[torch.Tensor] = None) -> fx.Node:
     """Replace ``node`` .. ``last`` by one int8 conv call: torchquant's native conv where it is
     faster (:func:`torchquant.kernels.native.conv_preferred`, or ``conv_preferred_any_batch``
     for a symbolic batch; never in a package, which must run without torchquant), else
     oneDNN's with the weight prepacked here.  ``other``: the
     (uint8 node, scale, zero point) added before ``unary``; ``out``: the output's quint8
-    qparams, None for float32."""
+    qparams, None for float32; ``out_val``: the call's output value where it is not
+    ``last``'s shape (default).  Returns the call."""
     x_shape = _static_shape(q_x)
     image = _image_shape(q_x)
     w, geometry = _trim_padding_taps(image and image[1:], w, geometry)
     stride, padding, dilation, groups = geometry
     out_scale, out_zp, out_dtype = (*out, torch.uint8) if out else (1.0, 0, torch.float32)
-    fake = _fake_like(last.meta["val"], out_dtype, torch.channels_last)
+    fake = _fake_like(last.meta["val"] if out_val is None else out_val, out_dtype,
+                      torch.channels_last)
     bias_node = None if bias is None else g.constant(bias.to(torch.float32), node, "bias")
     native_ok = native_allowed() and not bool(w_zp.any())
 
@@ -317,15 +321,13 @@ def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: f
                 unary, scalars, out_scale, out_zp, out_dtype)
 
     if not _exactness.onednn_u8s8_exact():  # _saturating_split_ok said the native conv does it
-        _replace(last, torch.ops.torchquant_native.qconv2d.default, native_args(), fake)
-        return
+        return _replace(last, torch.ops.torchquant_native.qconv2d.default, native_args(), fake)
     if native_ok and (_native.conv_preferred(x_shape, w.shape, stride, padding, dilation, groups,
                                              x_zp)
                       if x_shape is not None else
                       image is not None and _native.conv_preferred_any_batch(
                           image, w.shape, stride, padding, dilation, groups, x_zp)):
-        _replace(last, torch.ops.torchquant_native.qconv2d.default, native_args(), fake)
-        return
+        return _replace(last, torch.ops.torchquant_native.qconv2d.default, native_args(), fake)
     packed = torch.ops.onednn.qconv_prepack(w.contiguous(), w_scale, x_scale, x_zp, *geometry,
                                             x_shape)
     max_batch = (_native.native_max_batch(image, w.shape, stride, padding, dilation, groups, x_zp)
@@ -334,14 +336,12 @@ def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: f
         # a symbolic batch: the native conv up to max_batch, oneDNN's beyond, in one call
         args = (*native_args(), max_batch, g.constant(packed, node, "packed_conv_weight"),
                 g.constant(w_zp, node, "weight_zp"))
-        _replace(last, torch.ops.torchquant_native.qconv2d_or_onednn.default, args, fake)
-        return
+        return _replace(last, torch.ops.torchquant_native.qconv2d_or_onednn.default, args, fake)
     head = (q_x, x_scale, x_zp, g.constant(packed, node, "packed_conv_weight"),
             g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"))
     if other is None:
         args = (*head, bias_node, *geometry, out_scale, out_zp, out_dtype, unary, scalars, "")
-        _replace(last, torch.ops.onednn.qconv_pointwise.default, args, fake)
-        return
+        return _replace(last, torch.ops.onednn.qconv_pointwise.default, args, fake)
     # oneDNN sums into its accumulator operand in place: give it a channels-last copy of the
     # other addend's integers (as the eager op does), the graph's tensor stays unchanged
     q_other, other_scale, other_zp = other
@@ -351,7 +351,7 @@ def _emit_conv(g: _Graph, node: fx.Node, last: fx.Node, q_x: fx.Node, x_scale: f
     accum.meta["val"] = _fake_like(q_other.meta["val"], torch.uint8, torch.channels_last)
     args = (*head, accum, bias_node, *geometry, out_scale, out_zp, out_dtype, other_scale,
             other_zp, "sum", 1.0, unary, scalars, "")
-    _replace(last, torch.ops.onednn.qconv2d_pointwise.binary, args, fake)
+    return _replace(last, torch.ops.onednn.qconv2d_pointwise.binary, args, fake)
 
 
 def _saturating_split_ok(weight: tuple, groups: int) -> bool:
@@ -470,16 +470,13 @@ def _emit_conv1d(g: _Graph, node: fx.Node, x: fx.Node, a: dict, w: torch.Tensor,
 
     stride, padding, dilation, groups = geometry
     addend4 = None if addend is None else (height_one(addend[0]), *addend[1:])
-    flat_val = node.meta["val"]
-    node.meta["val"] = flat_val.unsqueeze(2)  # what _emit_conv builds the call's value from
     post_op = a["post_op"]
-    _emit_conv(g, node, node, height_one(x), float(a["x_scale"]), int(a["x_zero_point"]),
-               w.unsqueeze(2), w_scale, w_zp, bias, ([1, *stride], [0, *padding],
-                                                     [1, *dilation], groups),
-               addend4, "relu" if post_op in ("relu", "add_relu") else "none", [],
-               (float(a["out_scale"]), int(a["out_zero_point"])))
-    node.meta["val"] = flat_val
-    call = node.prev  # _emit_conv inserts its call last, right before the replaced node
+    call = _emit_conv(g, node, node, height_one(x), float(a["x_scale"]),
+                      int(a["x_zero_point"]), w.unsqueeze(2), w_scale, w_zp, bias,
+                      ([1, *stride], [0, *padding], [1, *dilation], groups), addend4,
+                      "relu" if post_op in ("relu", "add_relu") else "none", [],
+                      (float(a["out_scale"]), int(a["out_zero_point"])),
+                      out_val=node.meta["val"].unsqueeze(2))
     with graph.inserting_after(call):
         flat = graph.call_function(aten.squeeze.dim, (call, 2))
     flat.meta["val"] = call.meta["val"].squeeze(2)
