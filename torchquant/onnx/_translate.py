@@ -176,10 +176,11 @@ def linear(x, x_scale: float, x_zero_point: int, weight, weight_scale, weight_ze
 # integer weight as float32 go through a float Conv / MatMul, whose products and partial sums
 # are integers, exact in any summation order while below 2**24 in magnitude (certain for up to
 # 514 worst-case terms 255 * 128, in practice for real activations and weights), then the
-# epilogue of torchquant's kernels op by op in float32: ``(acc * x_scale) * w_scale[c] +
-# bias[c]`` (torch's order for convs and Linears), the add / ReLU, ``acc * (1 / out_scale)``,
-# rounded half to even, plus the zero point, clipped.  ORT runs these as float ops (no QDQ
-# unit to fuse), slower than its integer kernels.
+# epilogue op by op in float32: ``(acc * x_scale) * w_scale[c] + bias[c]`` (the order of
+# torchquant's oneDNN convs and of torch.ao's; Linears are written the same way, though
+# torchquant's other GEMM paths may round a tie in another order: one step), the add / ReLU,
+# ``y * (1 / out_scale)`` rounded half to even, plus the zero point, clipped.  ORT runs these
+# as float ops (no QDQ unit to fuse), slower than its integer kernels.
 
 def _codes_as_float(x: ir.Value, zero_point: int) -> ir.Value:
     """``x - zero_point`` as exact float32 integers."""
