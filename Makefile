@@ -1,6 +1,7 @@
 # `make demo` and `make test` each build .venv on first use (torch first, pinned by
 # constraints.txt, then this package with its extras, built against that torch: the native
-# kernels under torchquant/kernels/native are compiled then) and then run.
+# kernels under torchquant/kernels/native are compiled then, in parallel through the ninja
+# that the first install puts in .venv/bin) and then run.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -10,8 +11,8 @@ STAMP := $(VENV)/.torchquant-installed
 
 $(STAMP): pyproject.toml setup.py constraints.txt $(wildcard torchquant/kernels/native/csrc/*.cpp torchquant/kernels/native/csrc/*.h torchquant/kernels/native/csrc/onednn/*.cpp torchquant/kernels/native/csrc/onednn/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 onednn-cpu-gomp 'setuptools>=64' wheel
-	$(PY) -m pip install -q -c constraints.txt --no-build-isolation -e '.[test,models,onnx]'
+	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 onednn-cpu-gomp 'setuptools>=64' wheel ninja
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pip install -q -c constraints.txt --no-build-isolation -e '.[test,models,onnx]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -19,14 +20,15 @@ demo: $(STAMP)
 
 # Two pytest workers with two OpenMP threads each on a 2-core machine: passive waiting keeps
 # an idle worker's threads from spinning on the cores the other needs (BENCHMARKS.md,
-# 2026-12-05 fourth session).
+# 2026-12-05 fourth session).  Bytecode is cached even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE): the suite starts dozens of fresh interpreters that import torchquant.
 test: $(STAMP)
-	OMP_WAIT_POLICY=passive $(PY) -m pytest -q -n 2
+	OMP_WAIT_POLICY=passive PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n 2
 
 BENCH_STAMP := $(VENV)/.torchquant-bench-installed
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install -q -c constraints.txt --no-build-isolation -e '.[test,models,onnx,bench]'
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pip install -q -c constraints.txt --no-build-isolation -e '.[test,models,onnx,bench]'
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

@@ -44,6 +44,15 @@ def files(tmp_path_factory):
     return folder
 
 
+@pytest.fixture
+def eager_latency(monkeypatch):
+    """The latency figures timed on the eager model: for tests about something else, which
+    would otherwise pay a compile per quantized model (the round-trip and package tests time
+    the compiled one)."""
+    import torchquant._cli as cli
+    monkeypatch.setattr(cli, "_compiled_or_eager", lambda model: (model, "eager"))
+
+
 def _run(args, capsys):
     rc = main([str(a) for a in args])
     out, err = capsys.readouterr()
@@ -105,7 +114,7 @@ def test_quantize_round_trip_in_a_new_process(files, capsys):
     assert "conv2d" in stdout and csv_path.read_text().startswith("handle,node,")
 
 
-def test_quantize_with_fallback(files, capsys):
+def test_quantize_with_fallback(files, capsys, eager_latency):
     out = files / "fallback.pt2"
     rc, stdout, err = _run(["quantize", files / "float.pt2", "--calib", files / "calib.pt",
                             "--quantizer", "x86", "--out", out, "--max-drop-db", "80",
@@ -199,7 +208,7 @@ def test_quantize_bad_option_or_path_writes_nothing(files, capsys, extra, messag
     assert not out.exists() and _no_temporaries(files)
 
 
-def test_quantize_failing_write_leaves_no_output(files, capsys, monkeypatch):
+def test_quantize_failing_write_leaves_no_output(files, capsys, monkeypatch, eager_latency):
     """A write that fails after another output was written: neither is left behind."""
     import torchquant._cli as cli
 
@@ -233,7 +242,7 @@ def test_report_bad_option_or_path(files, capsys, extra, message):
     assert not stdout and _no_temporaries(files) and _no_temporaries(files.parent)
 
 
-def test_overwriting_keeps_the_file_mode(files, capsys):
+def test_overwriting_keeps_the_file_mode(files, capsys, eager_latency):
     out = files / "private.pt2"
     out.write_bytes(b"old")
     out.chmod(0o600)

@@ -12,9 +12,9 @@ from . import (activation, binary, compile_lowering, conv, embedding, fake_quant
                linear_fp16, normalization, pooling, quantize, quantize_block, quantize_dynamic,
                rnn)
 from ._library import traced
-from .inductor import register as _register_inductor
+from .inductor import register_when_inductor_loads as _register_when_inductor_loads
 
-_register_inductor()
+_register_when_inductor_loads()
 
 __all__ = ["activation", "binary", "compile_lowering", "conv", "embedding", "fake_quantize",
            "linear", "linear_fp16", "normalization", "pooling", "quantize", "quantize_block",

@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 
 from .. import _config, affine
+from .._after_import import after_import
 from .. import dtypes as _dt
 from ..kernels import conv as _kconv
 from ..kernels.onednn_exactness import onednn_u8_exact_max, onednn_u8s8_exact
@@ -44,7 +45,6 @@ __all__ = ["active", "conv", "add"]
 # change between calls; dynamo does not guard on it).
 _MAX_THREADS = max(os.cpu_count() or 1, torch.get_num_threads())
 
-@torch.compiler.assume_constant_result
 def _enabled() -> bool:
     if not _config.compile_lowering_enabled():
         return False
@@ -53,10 +53,19 @@ def _enabled() -> bool:
             and config.cpp.enable_floating_point_contract_flag in ("off", False))
 
 
-@torch.compiler.assume_constant_result
 def _split_cpu() -> bool:
     """oneDNN runs here but saturates u8 x s8 pairs above 128 (measured once)."""
     return onednn_u8_exact_max() >= 0 and not onednn_u8s8_exact()
+
+
+def _mark_constant_for_dynamo() -> None:
+    """Dynamo calls these two once per trace and keeps their result as a constant (marked when
+    dynamo is imported: marking imports it, seconds that programs which never compile skip)."""
+    torch.compiler.assume_constant_result(_enabled)
+    torch.compiler.assume_constant_result(_split_cpu)
+
+
+after_import(("torch._dynamo",), _mark_constant_for_dynamo)
 
 
 def active() -> bool:
