@@ -1,7 +1,6 @@
 """torchquant's import leaves dynamo and inductor unloaded; its inductor lowerings / passes and
 dynamo markers are installed when torch loads them, in whichever order (torchquant/_after_import.py,
 ops/inductor/__init__.py).  Fresh interpreters: what is imported is the point."""
-import pytest
 
 from conftest import run_python
 
@@ -14,28 +13,48 @@ _STATE = ("import sys, warnings, torch\n"
           "            getattr(compile_lowering._enabled, '_dynamo_marked_constant', False))\n")
 
 
-def test_import_loads_neither_dynamo_nor_inductor():
-    out = run_python("import sys, torch, torchquant.quantization, torchquant.nn\n"
-                     "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') "
-                     "if m in sys.modules))")
-    assert out.stdout.strip() == "[]"
+# One interpreter imports torch, then forks a child per import order (each child starts with
+# torch alone imported, as a fresh program would after ``import torch``).
+_ORDERS = r"""
+import os, sys, warnings
+import torch
+ORDERS = {
+    "torchquant alone": [],
+    # its chain imports dynamo, which imports inductor modules back
+    "torchquant, then torch._inductor": ["torch._inductor"],
+    # imports compile_fx while itself half imported
+    "torchquant, then freezing_patterns": ["torch._inductor.fx_passes.freezing_patterns"],
+    "compile_fx, then torchquant": None,
+}
+for order, then in ORDERS.items():
+    pid = os.fork()
+    if pid == 0:
+        warnings.simplefilter("error", RuntimeWarning)  # a failed registration warns
+        if then is None:
+            import torch._inductor.compile_fx
+        import torchquant.quantization
+        from torchquant.ops import inductor, compile_lowering
+        loaded = sorted(m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules)
+        for name in then or []:
+            __import__(name)
+        from torch._inductor.lowering import lowerings
+        state = (inductor._REGISTERED,
+                 torch.ops.torchquant.quantize_per_tensor.default in lowerings,
+                 getattr(compile_lowering._enabled, "_dynamo_marked_constant", False))
+        print(order, "|", loaded if then == [] else "", "|", state, flush=True)
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0, order
+"""
 
 
-@pytest.mark.parametrize("first", [
-    "torch._inductor",                 # its chain imports dynamo, which imports inductor back
-    "torch._inductor.fx_passes.freezing_patterns",  # imports compile_fx while half imported
-])  # dynamo first, then compile_fx: the torch.compile test below
-def test_registered_once_torch_loads_inductor(first):
-    out = run_python("import warnings; warnings.simplefilter('error', RuntimeWarning)\n"
-                     + _STATE + f"assert not inductor._REGISTERED\nimport {first}\n"
-                     "import torch._inductor.compile_fx\nprint(state())")
-    assert out.stdout.strip() == "(True, True, True)", out.stderr
-    assert "setting up" not in out.stderr
-
-
-def test_registered_at_import_where_inductor_is_loaded():
-    out = run_python("import torch, torch._inductor.compile_fx\n" + _STATE + "print(state())")
-    assert out.stdout.strip() == "(True, True, True)"
+def test_inductor_and_dynamo_are_loaded_by_torch_and_registered_in_every_order():
+    """Importing torchquant loads neither dynamo nor inductor; whichever order they are loaded
+    in, the lowerings and passes are registered and the dynamo markers set, without a warning."""
+    lines = run_python(_ORDERS).stdout.strip().splitlines()
+    assert lines == ["torchquant alone | [] | (True, True, True)",
+                     "torchquant, then torch._inductor |  | (True, True, True)",
+                     "torchquant, then freezing_patterns |  | (True, True, True)",
+                     "compile_fx, then torchquant |  | (True, True, True)"]
 
 
 def test_plain_torch_compile_of_a_converted_model_fuses():
