@@ -22,8 +22,10 @@ demo: $(STAMP)
 # an idle worker's threads from spinning on the cores the other needs (BENCHMARKS.md,
 # 2026-12-05 fourth session).  Bytecode is cached even where the environment says not to
 # (PYTHONDONTWRITEBYTECODE): the suite starts dozens of fresh interpreters that import torchquant.
+# Work stealing: the package / AOT compiles (10-25 s each) come last in collection order, and
+# handed out in advance they left one worker idle for over a minute at the end.
 test: $(STAMP)
-	OMP_WAIT_POLICY=passive PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n 2
+	OMP_WAIT_POLICY=passive PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n 2 --dist worksteal
 
 BENCH_STAMP := $(VENV)/.torchquant-bench-installed
 
