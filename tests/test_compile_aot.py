@@ -86,17 +86,20 @@ def test_graphs_per_signature_equal_the_torch_compile_path(converted, caplog):
 
     packages = list(Path(ours._folder.name).glob("*.pt2"))
     assert len(packages) == 3
-    native_calls = []
+    native_calls, onednn_calls = [], []
     for path in packages:
         sources = generated_code(str(path))
         text = "".join(sources.values())
         assert torchquant_ops_called(sources) == []
         assert "torchquant_native::qconv2d" not in text  # no proxy-executor call of a native conv
         native_calls.append(text.count("aoti_torch_cpu_qconv2d("))
+        onednn_calls.append("qconv_pointwise" in text)
         # the convs: native (static batch), native-or-oneDNN per call (symbolic), or oneDNN
         assert native_calls[-1] >= 3 or "qconv2d_or_onednn(" in text or "qconv_pointwise" in text
     if native.available() and native.exact_u8():  # small convs are native at a static batch
         assert max(native_calls) >= 3  # the C shim's declaration and two calls
+    else:
+        assert all(onednn_calls)  # every package's convs are oneDNN's
 
 
 def test_calls_it_cannot_serve_take_the_torch_compile_path(converted):

@@ -410,9 +410,9 @@ def conv_transpose(x: torch.Tensor, x_scale: float, x_zero_point: int, weight: t
         y = torch.nn.functional.leaky_relu(y, negative_slope)
     elif post_op == "tanh":
         y = torch.tanh(y)
-    q = torch.round(_fma(y, _f32_const(affine.inv_scale_float32(out_scale), x.device),
-                         _f32_const(float(out_zero_point), x.device)))
-    return torch.clamp(q, 0, 255).to(torch.uint8)
+    return affine.quantize_formula(y, _f32_const(affine.inv_scale_float32(out_scale), x.device),
+                                   _f32_const(float(out_zero_point), x.device), _dt.quint8.qmin,
+                                   _dt.quint8.qmax, torch.uint8, affine.FMA, fma=_fma)
 
 
 def add_scalar(x: torch.Tensor, scale: float, zero_point: int, other: float, out_scale: float,
