@@ -8,7 +8,7 @@
 // the matching declarations.  The library is loaded with RTLD_GLOBAL so that the generated
 // code's references resolve to these, and everything else in it is hidden (setup.py).
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/inductor/aoti_torch/utils.h>
 

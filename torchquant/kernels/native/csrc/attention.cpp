@@ -13,7 +13,8 @@
 // Float32 results differ from ATen's in rounding only (another summation order and exp
 // polynomial; bounded in tests/kernels/test_native_attention.py).
 #include <torch/library.h>
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>

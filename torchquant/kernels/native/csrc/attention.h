@@ -1,7 +1,7 @@
 // The native float32 attention (attention.cpp), for its C shim (aoti_shims.cpp).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <optional>

@@ -14,7 +14,10 @@
 // and above are added to the accumulators from the weight (the high-bit split, below).  AMX is
 // exact for every code.
 #include <torch/library.h>
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <c10/core/StorageImpl.h>
 

@@ -1,7 +1,7 @@
 // The native int8 convs (conv.cpp), for their C shims (aoti_shims.cpp).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <optional>

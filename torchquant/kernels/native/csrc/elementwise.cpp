@@ -15,7 +15,8 @@
 // batch of 16) and the input quantize as five, until the amortised compiled kernels were built.
 
 #include <torch/library.h>
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 
 #include <fbgemm/Fbgemm.h>

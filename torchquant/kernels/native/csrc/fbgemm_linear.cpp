@@ -9,7 +9,11 @@
 // fbgemm epilogue objects run on it.
 #include <torch/library.h>
 #include <torch/custom_class.h>
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/sub.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
 

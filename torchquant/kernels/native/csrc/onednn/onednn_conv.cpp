@@ -14,7 +14,8 @@
 // ops only; the headers are the oneDNN headers torch ships (oneDNN 3.x C API).
 #include <torch/library.h>
 #include <torch/custom_class.h>
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <oneapi/dnnl/dnnl.hpp>

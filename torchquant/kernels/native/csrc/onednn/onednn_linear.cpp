@@ -3,7 +3,8 @@
 // accumulator from here (int8_gemm_provider.h) at many rows, where oneDNN's brgemm GEMM is the
 // faster one, and applies fbgemm's epilogue as torch.ao does (BENCHMARKS.md, twelfth session).
 #include <torch/library.h>
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <oneapi/dnnl/dnnl.hpp>
