@@ -271,20 +271,43 @@ def test_import_torchquant_does_not_load_nn_or_quantization():
     assert out == "[]", out
 
 
-@pytest.mark.parametrize("first", [
+FIRST_IMPORTS = [
     "torchquant.nn.quantizable", "torchquant.nn.quantized", "torchquant.nn.qat",
     "torchquant.nn.intrinsic", "torchquant.nn.quantized.dynamic", "torchquant.quantization",
     "torchquant.nn.quantizable.modules.activation", "torchquant.ops", "torchquant.kernels.linear",
     "torchquant.nn.stubs", "torchquant.nn.quantized.modules.rnn",
     "torchquant.quantization.qconfig_mapping", "torchquant.examples.digits",
-])
-def test_any_subpackage_imports_first(first):
+]
+
+# One interpreter imports torch (nothing of torchquant), then forks a child per first import:
+# each child starts as a fresh program would after ``import torch``.
+_IMPORT_FIRST = r"""
+import os, sys, traceback
+import torch
+for first in sys.argv[1:]:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            __import__(first)
+            import torchquant.quantization as tq
+            m = torch.nn.Sequential(tq.QuantStub(), torch.nn.Linear(4, 4), tq.DeQuantStub())
+            m.qconfig = tq.default_qconfig
+            tq.prepare(m, inplace=True); m(torch.randn(2, 4))
+            tq.convert(m, inplace=True); m(torch.randn(2, 4))
+            print(first, "ok", flush=True)
+        except BaseException:
+            print(first, "failed:", traceback.format_exc(), flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+"""
+
+
+def test_any_subpackage_imports_first():
     """Whichever part a user imports first, the package loads (and the eager workflow runs)."""
-    code = (f"import {first}; import torch, torchquant.quantization as tq; "
-            "m = torch.nn.Sequential(tq.QuantStub(), torch.nn.Linear(4, 4), tq.DeQuantStub()); "
-            "m.qconfig = tq.default_qconfig; tq.prepare(m, inplace=True); m(torch.randn(2, 4)); "
-            "tq.convert(m, inplace=True); m(torch.randn(2, 4))")
-    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", _IMPORT_FIRST, *FIRST_IMPORTS],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines() == [f"{m} ok" for m in FIRST_IMPORTS], out.stdout
 
 
 def test_nn_workflow_calls_without_the_workflow_loaded_say_so():
