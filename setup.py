@@ -1,8 +1,10 @@
 """Builds torchquant's optional native kernels (``torchquant/kernels/native/csrc``).
 
 Metadata lives in pyproject.toml; this file only adds the C++ extension.  It needs torch at
-build time (``pip install --no-build-isolation``, after torch, as the Makefile does); where torch
-or a compiler is missing the package installs without it and runs on its Python kernels.
+build time (``pip install --no-build-isolation`` after torch; the Makefile runs
+``setup.py build_ext --inplace`` beside an editable install with TORCHQUANT_BUILD_NATIVE=0);
+where torch or a compiler is missing the package installs without it and runs on its Python
+kernels.
 """
 import os
 import sys
