@@ -378,25 +378,39 @@ def test_upward_hooks_are_the_listed_ones():
         assert importers == {by}, importers
 
 
+_WORKFLOW_HOOK = r"""
+import os, sys
+import torch
+for first in sys.argv[1:]:
+    pid = os.fork()
+    if pid == 0:
+        import torchquant, torchquant.nn._workflow as w
+        before = w.registered()
+        __import__(first)
+        import torchquant.quantization as tq
+        quantize = sys.modules["torchquant.quantization.quantize"]
+        parts = dict(prepare=tq.prepare, prepare_qat=tq.prepare_qat, convert=tq.convert,
+                     default_dynamic_qconfig=tq.default_dynamic_qconfig,
+                     float_qparams_weight_only_qconfig=tq.float_qparams_weight_only_qconfig,
+                     activation_is_memoryless=quantize._activation_is_memoryless)
+        print(first, before, w.registered(), w._parts == parts,
+              w.default_dynamic_qconfig() is tq.default_dynamic_qconfig, flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+"""
+
+
 def test_the_workflow_hook_is_filled_by_loading_the_workflow():
     """Importing torchquant alone loads neither side; nn alone leaves the hook empty; whatever
-    loads torchquant.quantization fills it, with the workflow's own functions and qconfigs."""
-    code = ("import sys, torchquant, torchquant.nn._workflow as w\n"
-            "print(w.registered())\n"
-            f"import {{first}}\n"
-            "import torchquant.quantization as tq\n"
-            "quantize = sys.modules['torchquant.quantization.quantize']\n"
-            "print(w.registered(), w._parts == dict(prepare=tq.prepare, "
-            "prepare_qat=tq.prepare_qat, convert=tq.convert, "
-            "default_dynamic_qconfig=tq.default_dynamic_qconfig, "
-            "float_qparams_weight_only_qconfig=tq.float_qparams_weight_only_qconfig, "
-            "activation_is_memoryless=quantize._activation_is_memoryless))\n"
-            "print(w.default_dynamic_qconfig() is tq.default_dynamic_qconfig)")
-    for first in ("torchquant.quantization", "torchquant.quantization.qconfig",
-                  "torchquant.nn.quantized.dynamic"):
-        out = subprocess.run([sys.executable, "-c", code.format(first=first)],
-                             capture_output=True, text=True, check=True).stdout.split()
-        assert out == ["False", "True", "True", "True"], (first, out)
+    loads torchquant.quantization fills it, with the workflow's own functions and qconfigs
+    (one interpreter forking a child per first import, as in test_any_subpackage_imports_first)."""
+    firsts = ["torchquant.quantization", "torchquant.quantization.qconfig",
+              "torchquant.nn.quantized.dynamic"]
+    out = subprocess.run([sys.executable, "-c", _WORKFLOW_HOOK, *firsts], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines() == [f"{m} False True True True" for m in firsts], \
+        out.stdout
 
 
 def test_the_upward_hook_check_sees_a_registration():

@@ -28,11 +28,13 @@ from torchquant.ops import linear as ops_linear
 
 EXAMPLE_BATCH, OTHER_BATCH = 2, 5
 
-# Every flow (eager static / dynamic, FX, PT2E static / dynamic) and every model once or
-# more; not every pair: each case is a whole AOTInductor compile, and make test has 10 minutes.
+# Every flow (eager static / dynamic, FX, PT2E dynamic) and every model once or more; not
+# every pair: each case is a whole AOTInductor compile, and make test has 10 minutes.  PT2E
+# static (x86 quantizer) is packaged and run without torchquant by tests/test_cli.py
+# (quantize, then package), and its fused convs are compared with the lowered model's in
+# tests/test_compile_aot.py.
 CASES: dict[str, tuple[str, Callable[[], nn.Module]]] = {
     "resnet-eager": ("resnet", lambda: sm.eager_static(sm.resnet(), "resnet")),
-    "resnet-pt2e": ("resnet", lambda: sm.pt2e(sm.resnet(), "resnet")),
     "mobilenet-fx": ("mobilenet", lambda: sm.fx_static(sm.mobilenet(), "mobilenet")),
     "activations-fx": ("activations", lambda: sm.fx_static(sm.activations(), "activations")),
     "minilm-eager": ("minilm", lambda: sm.eager_dynamic(sm.minilm(), {nn.Linear})),
@@ -66,8 +68,9 @@ BIT_EXACT = {"resnet-eager", "mobilenet-fx", "activations-fx"}
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_package_in_a_fresh_process_gives_python_outputs(case, tmp_path):
     """Converted, packaged and run at the example's batch size and another (dynamic batch) in
-    a process that never imports torchquant.  One test per model (one compile each), so that
-    pytest-xdist's workers share the compiles out instead of repeating them."""
+    a process that never imports torchquant (and, the eager ResNet, by AOTInductor's C++
+    runner: no Python at all).  One test per model (one compile each), so that pytest-xdist's
+    workers share the compiles out instead of repeating them."""
     name, convert = CASES[case]
     model = convert()
     onednn_exact = ops_linear.onednn_u8s8_exact()
@@ -105,6 +108,9 @@ def test_package_in_a_fresh_process_gives_python_outputs(case, tmp_path):
         else:
             torch.testing.assert_close(got, expected, **FLOAT_ULPS)
 
+    if case == "resnet-eager":
+        _cpp_runner_gives_python_outputs(model, path, tmp_path)
+
     with zipfile.ZipFile(path) as z:
         marker = [n for n in z.namelist() if n.endswith("extra/torchquant_package.json")]
         info = json.loads(z.read(marker[0]))
@@ -127,12 +133,17 @@ _CPP_RUNNER = r"""
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <fstream>
 #include <iostream>
-// argv: package, output file, batch; the input is linspace(-2, 2) of shape [batch, 3, 16, 16]
+// argv: package, output file, then the input's shape; the input is linspace(-2, 2)
 int main(int argc, char** argv) {
   c10::InferenceMode mode;
   torch::inductor::AOTIModelPackageLoader loader(argv[1]);
-  int64_t batch = std::stoll(argv[3]);
-  auto x = at::linspace(-2, 2, batch * 3 * 16 * 16).reshape({batch, 3, 16, 16});
+  std::vector<int64_t> shape;
+  int64_t numel = 1;
+  for (int i = 3; i < argc; ++i) {
+    shape.push_back(std::stoll(argv[i]));
+    numel *= shape.back();
+  }
+  auto x = at::linspace(-2, 2, numel).reshape(shape);
   auto out = loader.run({x})[0].contiguous();
   std::ofstream f(argv[2], std::ios::binary);
   f.write(reinterpret_cast<const char*>(out.data_ptr<float>()), out.numel() * sizeof(float));
@@ -141,28 +152,13 @@ int main(int argc, char** argv) {
 """
 
 
-class _SmallCNN(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        import torchquant.quantization as tq
-        self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
-        self.conv, self.relu = nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()
-        self.pool, self.fc = nn.MaxPool2d(2), nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(self.relu(self.conv(self.quant(x))))
-        return self.dequant(self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1)))
-
-
-def test_cpp_runner_loads_a_package(tmp_path):
-    """AOTInductor's C++ loader (no Python at all) runs a package of an eager-converted CNN
-    at a batch size other than the example's, and gets the Python model's outputs."""
+def _cpp_runner_gives_python_outputs(model: nn.Module, package: str, tmp_path: Path) -> None:
+    """AOTInductor's C++ loader runs ``package`` at a batch size other than the example's and
+    gets ``model``'s outputs, bit for bit (skipped without a C++ compiler)."""
     import shutil
     from torch.utils import cpp_extension
     if shutil.which("g++") is None:
-        pytest.skip("no C++ compiler to build the AOTInductor runner with")
-    model = _eager_int8(_SmallCNN(), torch.randn(4, 3, 16, 16))
-    package = torchquant.export_package(model, (torch.randn(2, 3, 16, 16),), tmp_path / "m.pt2")
+        return
     (tmp_path / "runner.cpp").write_text(_CPP_RUNNER)
     lib = str(Path(torch.__file__).parent / "lib")
     flags = [f"-I{d}" for d in cpp_extension.include_paths()]
@@ -171,13 +167,15 @@ def test_cpp_runner_loads_a_package(tmp_path):
                     str(tmp_path / "runner"), *flags, abi, f"-L{lib}", f"-Wl,-rpath,{lib}",
                     "-ltorch", "-ltorch_cpu", "-lc10"], check=True, capture_output=True,
                    timeout=300)
-    done = subprocess.run([str(tmp_path / "runner"), str(package), str(tmp_path / "y.bin"), "3"],
-                          capture_output=True, text=True, timeout=300)
+    shape = (3, *sm.IMAGE)
+    done = subprocess.run([str(tmp_path / "runner"), str(package), str(tmp_path / "y.bin"),
+                           *map(str, shape)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
     got = torch.frombuffer(bytearray((tmp_path / "y.bin").read_bytes()), dtype=torch.float32)
-    x = torch.linspace(-2, 2, 3 * 3 * 16 * 16).reshape(3, 3, 16, 16)
+    x = torch.linspace(-2, 2, torch.Size(shape).numel()).reshape(shape)
     with torch.no_grad():
-        assert torch.equal(got.reshape(3, 4), model(x))
+        expected = model(x)
+    assert torch.equal(got.reshape(expected.shape), expected)
 
 
 def _eager_int8(model: nn.Module, calibration: torch.Tensor) -> nn.Module:
