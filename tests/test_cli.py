@@ -47,8 +47,8 @@ def files(tmp_path_factory):
 @pytest.fixture
 def eager_latency(monkeypatch):
     """The latency figures timed on the eager model: for tests about something else, which
-    would otherwise pay a compile per quantized model (the round-trip and package tests time
-    the compiled one)."""
+    would otherwise pay a compile per quantized model (the round-trip test times the compiled
+    one)."""
     import torchquant._cli as cli
     monkeypatch.setattr(cli, "_compiled_or_eager", lambda model: (model, "eager"))
 
@@ -272,7 +272,8 @@ def test_not_a_program_is_one_line_naming_the_file_and_what_was_expected(files):
 
 # ---- package: a quantized program as an AOTInductor package (issue 30) ----------------------
 
-def test_quantize_keeps_a_dynamic_batch_and_package_runs_without_torchquant(files, capsys):
+def test_quantize_keeps_a_dynamic_batch_and_package_runs_without_torchquant(files, capsys,
+                                                                        eager_latency):
     """``quantize`` of a program with a dynamic batch writes one with a dynamic batch, and
     ``package`` turns it into an AOTInductor package that a process without torchquant runs
     at another batch size (one test: each step compiles)."""

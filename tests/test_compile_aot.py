@@ -65,8 +65,9 @@ def test_graphs_per_signature_equal_the_torch_compile_path(converted, caplog):
     that then serves a fourth; every output equals the torch.compile path's bit for bit (under
     no_grad and inference_mode), and each compile is announced.  The compiled graphs' C++ calls
     torchquant's native convs (directly, through their C shims, not the proxy executor) or
-    oneDNN, and no op implemented in Python (the issue's test of the compiled forward; one
-    test, so that the three AOT compiles are made once)."""
+    oneDNN, and no op implemented in Python (the issue's test of the compiled forward).  An
+    input that wants a gradient takes the torch.compile path.  One test, so that the three AOT
+    compiles are made once."""
     ours = torchquant.compile(copy.deepcopy(converted))
     assert isinstance(ours, AOTCompiledModel)
     reference = torchquant.compile(copy.deepcopy(converted), aot=False)
@@ -101,21 +102,17 @@ def test_graphs_per_signature_equal_the_torch_compile_path(converted, caplog):
     else:
         assert all(onednn_calls)  # every package's convs are oneDNN's
 
-
-def test_calls_it_cannot_serve_take_the_torch_compile_path(converted):
-    ours = torchquant.compile(copy.deepcopy(converted))
-    x = _inputs(2)
-    with torch.no_grad():
-        expected = ours(x)
     # an input that wants a gradient: the torch.compile path (which keeps grad mode)
-    wants_grad = x.clone().requires_grad_(True)
     with pytest.warns(UserWarning, match="grad mode on"):
-        out = ours(wants_grad)
+        out = ours(_inputs(4).requires_grad_(True))
     assert ours._fallback is not None
     # tolerance: grad mode keeps that graph unfrozen, so its convs run in float on dequantized
     # values (the converted graph's own semantics) and a code at a rounding tie can land one
     # step from the int8 kernels'; the logits then differ by about a step's effect
-    torch.testing.assert_close(out.detach(), expected, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(out.detach(), outputs[4], rtol=1e-3, atol=1e-3)
+
+
+def test_aot_true_refuses_torch_compile_arguments(converted):
     with pytest.raises(ValueError, match="aot=True"):
         torchquant.compile(copy.deepcopy(converted), aot=True, fullgraph=True)
 
