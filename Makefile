@@ -3,7 +3,7 @@
 # (built in place against that torch, two compiles at a time through the ninja that the first
 # install puts in .venv/bin) and this package (editable) with its extras.  pip does not
 # byte-compile what it installs (--no-compile): Python compiles the modules that are imported
-# (a tenth of them), and demo and test cache them even where the environment says not to
+# (about a third of them), and demo and test cache them even where the environment says not to
 # (PYTHONDONTWRITEBYTECODE).
 PYTHON ?= python3
 VENV := .venv

@@ -31,8 +31,8 @@ EXAMPLE_BATCH, OTHER_BATCH = 2, 5
 # Every flow (eager static / dynamic, FX, PT2E dynamic) and every model once or more; not
 # every pair: each case is a whole AOTInductor compile, and make test has 10 minutes.  PT2E
 # static (x86 quantizer) is packaged and run without torchquant by tests/test_cli.py
-# (quantize, then package), and its fused convs are compared with the lowered model's in
-# tests/test_compile_aot.py.
+# (quantize, then package); its AOTInductor graphs are compared with torch.compile's in
+# tests/test_compile_aot.py and with the lowered model in tests/quantization/pt2e/test_lowering.py.
 CASES: dict[str, tuple[str, Callable[[], nn.Module]]] = {
     "resnet-eager": ("resnet", lambda: sm.eager_static(sm.resnet(), "resnet")),
     "mobilenet-fx": ("mobilenet", lambda: sm.fx_static(sm.mobilenet(), "mobilenet")),
@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
 
 def _cpp_runner_gives_python_outputs(model: nn.Module, package: str, tmp_path: Path) -> None:
     """AOTInductor's C++ loader runs ``package`` at a batch size other than the example's and
-    gets ``model``'s outputs, bit for bit (skipped without a C++ compiler)."""
+    gets ``model``'s outputs, bit for bit (not run where g++ is missing)."""
     import shutil
     from torch.utils import cpp_extension
     if shutil.which("g++") is None:
