@@ -3,6 +3,7 @@ import io
 import os
 import subprocess
 import sys
+import textwrap
 import warnings
 
 import pytest
@@ -132,6 +133,26 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
                          timeout=120, env=dict(os.environ, TORCHQUANT_QUIET="1", **env))
     assert out.returncode == 0, out.stderr
     return out
+
+
+def run_forked(setup: str, body: str, items: list[str]) -> list[str]:
+    """One fresh interpreter runs ``setup`` (at least ``import torch``), then forks a child per
+    item that runs ``body`` with ``item`` bound: each child starts as a fresh program would
+    after ``setup``, without paying the interpreter's start and torch's import again.  Returns
+    the lines the children printed; a child that raises prints ``<item> failed: <traceback>``."""
+    script = ("import os, sys, traceback\n" + setup + "\n"
+              "for item in sys.argv[1:]:\n"
+              "    pid = os.fork()\n"
+              "    if pid == 0:\n"
+              "        try:\n" + textwrap.indent(body, " " * 12) + "\n"
+              "        except BaseException:\n"
+              "            print(item, 'failed:', traceback.format_exc(), flush=True)\n"
+              "        os._exit(0)\n"
+              "    os.waitpid(pid, 0)\n")
+    out = subprocess.run([sys.executable, "-c", script, *items], capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, TORCHQUANT_QUIET="1"))
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()
 
 
 def oracle_u8(size, high=256) -> torch.Tensor:

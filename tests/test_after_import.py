@@ -2,7 +2,7 @@
 dynamo markers are installed when torch loads them, in whichever order (torchquant/_after_import.py,
 ops/inductor/__init__.py).  Fresh interpreters: what is imported is the point."""
 
-from conftest import run_python
+from conftest import run_forked, run_python
 
 _STATE = ("import sys, warnings, torch\n"
           "from torchquant.ops import inductor, compile_lowering\n"
@@ -13,12 +13,9 @@ _STATE = ("import sys, warnings, torch\n"
           "            getattr(compile_lowering._enabled, '_dynamo_marked_constant', False))\n")
 
 
-# One interpreter imports torch, then forks a child per import order (each child starts with
-# torch alone imported, as a fresh program would after ``import torch``).
-_ORDERS = r"""
-import os, sys, warnings
-import torch
-ORDERS = {
+# Each import order a child of one interpreter that has imported torch alone, as a fresh
+# program would have after ``import torch``.
+_ORDERS = {
     "torchquant alone": [],
     # its chain imports dynamo, which imports inductor modules back
     "torchquant, then torch._inductor": ["torch._inductor"],
@@ -26,31 +23,28 @@ ORDERS = {
     "torchquant, then freezing_patterns": ["torch._inductor.fx_passes.freezing_patterns"],
     "compile_fx, then torchquant": None,
 }
-for order, then in ORDERS.items():
-    pid = os.fork()
-    if pid == 0:
-        warnings.simplefilter("error", RuntimeWarning)  # a failed registration warns
-        if then is None:
-            import torch._inductor.compile_fx
-        import torchquant.quantization
-        from torchquant.ops import inductor, compile_lowering
-        loaded = sorted(m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules)
-        for name in then or []:
-            __import__(name)
-        from torch._inductor.lowering import lowerings
-        state = (inductor._REGISTERED,
-                 torch.ops.torchquant.quantize_per_tensor.default in lowerings,
-                 getattr(compile_lowering._enabled, "_dynamo_marked_constant", False))
-        print(order, "|", loaded if then == [] else "", "|", state, flush=True)
-        os._exit(0)
-    assert os.waitpid(pid, 0)[1] == 0, order
-"""
+_IN_ORDER = """\
+warnings.simplefilter("error", RuntimeWarning)  # a failed registration warns
+then = ORDERS[item]
+if then is None:
+    import torch._inductor.compile_fx
+import torchquant.quantization
+from torchquant.ops import inductor, compile_lowering
+loaded = sorted(m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules)
+for name in then or []:
+    __import__(name)
+from torch._inductor.lowering import lowerings
+state = (inductor._REGISTERED,
+         torch.ops.torchquant.quantize_per_tensor.default in lowerings,
+         getattr(compile_lowering._enabled, "_dynamo_marked_constant", False))
+print(item, "|", loaded if then == [] else "", "|", state, flush=True)"""
 
 
 def test_inductor_and_dynamo_are_loaded_by_torch_and_registered_in_every_order():
     """Importing torchquant loads neither dynamo nor inductor; whichever order they are loaded
     in, the lowerings and passes are registered and the dynamo markers set, without a warning."""
-    lines = run_python(_ORDERS).stdout.strip().splitlines()
+    lines = run_forked(f"import warnings, torch\nORDERS = {_ORDERS!r}", _IN_ORDER,
+                       list(_ORDERS))
     assert lines == ["torchquant alone | [] | (True, True, True)",
                      "torchquant, then torch._inductor |  | (True, True, True)",
                      "torchquant, then freezing_patterns |  | (True, True, True)",

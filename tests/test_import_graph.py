@@ -27,6 +27,8 @@ from typing import NamedTuple
 
 import pytest
 
+from conftest import run_forked
+
 import torchquant
 
 PACKAGE = Path(torchquant.__file__).parent
@@ -279,35 +281,21 @@ FIRST_IMPORTS = [
     "torchquant.quantization.qconfig_mapping", "torchquant.examples.digits",
 ]
 
-# One interpreter imports torch (nothing of torchquant), then forks a child per first import:
-# each child starts as a fresh program would after ``import torch``.
-_IMPORT_FIRST = r"""
-import os, sys, traceback
-import torch
-for first in sys.argv[1:]:
-    pid = os.fork()
-    if pid == 0:
-        try:
-            __import__(first)
-            import torchquant.quantization as tq
-            m = torch.nn.Sequential(tq.QuantStub(), torch.nn.Linear(4, 4), tq.DeQuantStub())
-            m.qconfig = tq.default_qconfig
-            tq.prepare(m, inplace=True); m(torch.randn(2, 4))
-            tq.convert(m, inplace=True); m(torch.randn(2, 4))
-            print(first, "ok", flush=True)
-        except BaseException:
-            print(first, "failed:", traceback.format_exc(), flush=True)
-        os._exit(0)
-    os.waitpid(pid, 0)
-"""
+_IMPORT_FIRST = """\
+__import__(item)
+import torchquant.quantization as tq
+m = torch.nn.Sequential(tq.QuantStub(), torch.nn.Linear(4, 4), tq.DeQuantStub())
+m.qconfig = tq.default_qconfig
+tq.prepare(m, inplace=True); m(torch.randn(2, 4))
+tq.convert(m, inplace=True); m(torch.randn(2, 4))
+print(item, "ok", flush=True)"""
 
 
 def test_any_subpackage_imports_first():
-    """Whichever part a user imports first, the package loads (and the eager workflow runs)."""
-    out = subprocess.run([sys.executable, "-c", _IMPORT_FIRST, *FIRST_IMPORTS],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines() == [f"{m} ok" for m in FIRST_IMPORTS], out.stdout
+    """Whichever part a user imports first, the package loads (and the eager workflow runs);
+    each a child of one interpreter that has imported torch, nothing of torchquant."""
+    lines = run_forked("import torch", _IMPORT_FIRST, FIRST_IMPORTS)
+    assert lines == [f"{m} ok" for m in FIRST_IMPORTS], lines
 
 
 def test_nn_workflow_calls_without_the_workflow_loaded_say_so():
@@ -378,39 +366,28 @@ def test_upward_hooks_are_the_listed_ones():
         assert importers == {by}, importers
 
 
-_WORKFLOW_HOOK = r"""
-import os, sys
-import torch
-for first in sys.argv[1:]:
-    pid = os.fork()
-    if pid == 0:
-        import torchquant, torchquant.nn._workflow as w
-        before = w.registered()
-        __import__(first)
-        import torchquant.quantization as tq
-        quantize = sys.modules["torchquant.quantization.quantize"]
-        parts = dict(prepare=tq.prepare, prepare_qat=tq.prepare_qat, convert=tq.convert,
-                     default_dynamic_qconfig=tq.default_dynamic_qconfig,
-                     float_qparams_weight_only_qconfig=tq.float_qparams_weight_only_qconfig,
-                     activation_is_memoryless=quantize._activation_is_memoryless)
-        print(first, before, w.registered(), w._parts == parts,
-              w.default_dynamic_qconfig() is tq.default_dynamic_qconfig, flush=True)
-        os._exit(0)
-    os.waitpid(pid, 0)
-"""
+_WORKFLOW_HOOK = """\
+import torchquant, torchquant.nn._workflow as w
+before = w.registered()
+__import__(item)
+import torchquant.quantization as tq
+quantize = sys.modules["torchquant.quantization.quantize"]
+parts = dict(prepare=tq.prepare, prepare_qat=tq.prepare_qat, convert=tq.convert,
+             default_dynamic_qconfig=tq.default_dynamic_qconfig,
+             float_qparams_weight_only_qconfig=tq.float_qparams_weight_only_qconfig,
+             activation_is_memoryless=quantize._activation_is_memoryless)
+print(item, before, w.registered(), w._parts == parts,
+      w.default_dynamic_qconfig() is tq.default_dynamic_qconfig, flush=True)"""
 
 
 def test_the_workflow_hook_is_filled_by_loading_the_workflow():
     """Importing torchquant alone loads neither side; nn alone leaves the hook empty; whatever
     loads torchquant.quantization fills it, with the workflow's own functions and qconfigs
-    (one interpreter forking a child per first import, as in test_any_subpackage_imports_first)."""
+    (each first import a child of one interpreter that has imported torch)."""
     firsts = ["torchquant.quantization", "torchquant.quantization.qconfig",
               "torchquant.nn.quantized.dynamic"]
-    out = subprocess.run([sys.executable, "-c", _WORKFLOW_HOOK, *firsts], capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines() == [f"{m} False True True True" for m in firsts], \
-        out.stdout
+    lines = run_forked("import torch", _WORKFLOW_HOOK, firsts)
+    assert lines == [f"{m} False True True True" for m in firsts], lines
 
 
 def test_the_upward_hook_check_sees_a_registration():
