@@ -3,7 +3,9 @@
 * :mod:`.elementwise`: per-tensor / per-channel quantize and dequantize become pointwise
   inductor nodes (C++ it fuses), with eager mode's rounding.
 * :mod:`.fusion`: dequantize -> conv / linear (-> ReLU / add / add+ReLU) -> quantize becomes
-  one oneDNN int8 call whose weight is prepacked at freezing.
+  one oneDNN int8 call whose weight is prepacked at freezing (the ``inductor`` use of
+  :data:`torchquant.ops.patterns.PATTERNS`), as do frozen ``torchquant::conv`` / ``linear``
+  nodes.
 * :mod:`.attention`: in ``torchquant.compile``'s graphs, ATen's CPU flash attention becomes
   torchquant's native float32 attention where that is faster (short sequences).
 * :mod:`.exact_decompositions`: torchquant's fused ops of eager- / FX-converted models
@@ -39,7 +41,6 @@ def register() -> None:
     elementwise.register()
     fusion.register()
     attention.register()
-    exact_decompositions.register()
     cache_key.register()
     _REGISTERED = True
 

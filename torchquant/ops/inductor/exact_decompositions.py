@@ -42,7 +42,7 @@ running these ops as they are, on the kernels their benchmarks measured.
   zp)`` as the eager op (MUL_ADD rounding).
 
 The static ``torchquant::linear`` (frozen weight) becomes, at freezing, the oneDNN call its
-eager kernel makes (as :mod:`.fusion` does for ``torchquant::conv``).
+eager kernel makes: the ``torchquant_linear`` pattern of :mod:`.fusion`.
 """
 from __future__ import annotations
 
@@ -62,10 +62,10 @@ from .. import _lanes
 from .. import binary as _binary
 from .. import pooling as _pooling
 from .._library import traced
-from . import fusion, packaging_state, saturation_safe
+from . import fusion, packaging_state
 from .packaging_state import is_packaging
 
-__all__ = ["register", "decompositions_by_op", "packaging", "is_packaging",
+__all__ = ["decompositions_by_op", "packaging", "is_packaging",
            "onednn_int8_exact"]
 
 _UINT8_SHIFT = 128  # uint8 codes - 128 are int8, which torch._int_mm multiplies
@@ -550,12 +550,6 @@ def _decomposed(op: torch._ops.OpOverload, fn: Any, *args: Any, **kwargs: Any) -
     return fn(*_positional(op, args, kwargs))
 
 
-def register() -> None:
-    """Register the static Linear's freezing rewrite (it acts while :func:`packaging` only);
-    the decompositions join inductor's table inside :func:`packaging`."""
-    _register_linear_fusion()
-
-
 def _positional(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple:
     """A call's arguments in schema order, defaults filled in."""
     if not kwargs and len(args) == len(op._schema.arguments):
@@ -564,54 +558,3 @@ def _positional(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple:
     for arg in op._schema.arguments[len(args):]:
         out.append(kwargs[arg.name] if arg.name in kwargs else arg.default_value)
     return tuple(out)
-
-
-# ---- the static Linear: the oneDNN call its eager kernel makes -------------------------------
-
-_ONEDNN_LINEAR_POST_OPS = ("none", "relu", "leaky_relu", "tanh")
-
-
-def _fuse_torchquant_linear(g: Any, node: Any) -> bool:
-    """``torchquant::linear`` with a frozen weight (eager- and FX-converted Linear layers) as
-    ``onednn.qlinear_pointwise`` with the weight prepacked at freezing: the call the eager
-    kernel makes on CPUs where oneDNN's u8 x s8 products are exact, so the same integers;
-    where they saturate, the eager kernel's split there (:mod:`.saturation_safe`)."""
-    if not is_packaging():
-        return False
-    a = fusion._op_arguments(node)
-    x, post_op = a["x"], a["post_op"]
-    frozen = fusion.frozen_op_weight(g, a)
-    val = x.meta.get("val") if hasattr(x, "meta") else None
-    if (val is None or val.dtype != torch.uint8 or val.dim() != 2 or frozen is None
-            or a["out_dtype"] != torch.uint8 or post_op not in _ONEDNN_LINEAR_POST_OPS
-            or a["other"] is not None):
-        return False
-    w, w_scale, bias = frozen
-    if not _exactness.onednn_u8s8_exact():
-        if fusion.native_allowed() or post_op not in ("none", "relu"):
-            return False  # in process the op runs its eager kernel, exact here
-        saturation_safe.linear(g, node, x, float(a["x_scale"]), int(a["x_zero_point"]), w,
-                               w_scale, bias, post_op, float(a["out_scale"]),
-                               int(a["out_zero_point"]))
-        return True
-    w_zp = torch.zeros(w.size(0), dtype=torch.int64)
-    packed = torch.ops.onednn.qlinear_prepack(w.contiguous(), None)
-    args = (x, float(a["x_scale"]), int(a["x_zero_point"]),
-            g.constant(packed, node, "packed_linear_weight"),
-            g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"),
-            None if bias is None else g.constant(bias.to(torch.float32), node, "bias"),
-            float(a["out_scale"]), int(a["out_zero_point"]), torch.uint8, post_op,
-            [float(a["negative_slope"])] if post_op == "leaky_relu" else [], "")
-    fusion._replace(node, torch.ops.onednn.qlinear_pointwise.default, args,
-                    torch.empty_like(node.meta["val"]))
-    return True
-
-
-def _register_linear_fusion() -> None:
-    from torch._inductor.fx_passes.freezing_patterns import pass_patterns
-    from torch._inductor.pattern_matcher import (MULTIPLE, CallFunctionVarArgs,
-                                                 register_graph_pattern)
-
-    pattern = CallFunctionVarArgs(torch.ops.torchquant.linear.default, users=MULTIPLE)
-    register_graph_pattern(pattern, extra_check=fusion._always, pass_dict=pass_patterns[0],
-                           prepend=True)(fusion._handler(_fuse_torchquant_linear, False))

@@ -45,12 +45,12 @@ from typing import Any, Callable, Optional
 import torch
 from torch import fx
 
-from ... import dtypes as _dt
 from ..._graph import fresh_attr_name, get_attr_tensor, is_call, only_user
 from ...kernels import onednn_exactness as _exactness
 from ...kernels import native as _native
+from .. import patterns
 from . import saturation_safe
-from .packaging_state import native_allowed
+from .packaging_state import is_packaging, native_allowed
 
 __all__ = ["register", "aoti_c_shims", "frozen_op_weight"]
 
@@ -64,35 +64,23 @@ def _tq():
 
 def _activation(node: Any) -> Optional[tuple]:
     """(uint8 integers node, scale, zero point) of a per-tensor dequantize of quint8 values."""
-    if not is_call(node, _tq().dequantize_per_tensor.default):
-        return None
-    q = node.args[0]
-    val = q.meta.get("val") if isinstance(q, fx.Node) else None
+    act = patterns.activation_dequantize(node)
+    val = act[0].meta.get("val") if act is not None else None
     if val is None or val.dtype != torch.uint8:
         return None
-    return q, float(node.args[1]), int(node.args[2])
+    return act
 
 
 def _weight(gm: fx.GraphModule, node: Any, axis_wanted: int) -> Optional[tuple]:
     """(int8 weight, float32 per-channel scales, int64 zero points) of a dequantized frozen
     int8 weight (per tensor, or per channel along ``axis_wanted``) with zero zero points."""
-    tq = _tq()
     if is_call(node, aten.clone.default):  # the frozen conv weight's layout change
         node = node.args[0]
-    if is_call(node, tq.dequantize_per_channel.default):
-        w, scale, zp = (get_attr_tensor(gm, a) for a in node.args[:3])
-        axis = node.args[3] if len(node.args) > 3 else node.kwargs.get("axis")
-        if w is None or scale is None or zp is None or axis % w.dim() != axis_wanted:
-            return None
-        if zp.dtype.is_floating_point:
-            return None
-    elif is_call(node, tq.dequantize_per_tensor.default):
-        w = get_attr_tensor(gm, node.args[0])
-        if w is None:
-            return None
-        scale = torch.tensor(float(node.args[1]), dtype=torch.float64)
-        zp = torch.tensor(int(node.args[2]), dtype=torch.int64)
-    else:
+    weight = patterns.constant_dequantize(gm, node)
+    if weight is None:
+        return None
+    w, scale, zp, axis = weight
+    if axis is not None and (axis != axis_wanted or zp.dtype.is_floating_point):
         return None
     if w.dtype != torch.int8 or w.device.type != "cpu" or bool(zp.ne(0).any()):
         return None
@@ -132,63 +120,28 @@ def _gelu_after(node: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
     return y, last
 
 
-def _unary(node: Optional[fx.Node]) -> Optional[tuple[str, list, fx.Node]]:
-    """oneDNN's name and scalars for a ReLU / hardtanh (ReLU6) starting at ``node``, and the
-    node that ends it: inductor's decompositions spell hardtanh as ``clamp_min`` then
-    ``clamp_max`` (ReLU as ``clamp_min(x, 0)`` after some passes) before freezing runs."""
-    if is_call(node, aten.relu.default):
-        return "relu", [], node
-    if is_call(node, aten.hardtanh.default):
-        lo, hi = (list(node.args[1:3]) + [-1.0, 1.0][len(node.args) - 1:])[:2]
-        return "hardtanh", [float(lo), float(hi)], node
-    if is_call(node, aten.clamp.default) and len(node.args) == 3 and not node.kwargs:
-        lo, hi = _scalar(node.args[1]), _scalar(node.args[2])
-        if lo is not None and hi is not None and lo <= hi:
-            return "hardtanh", [lo, hi], node
-        return None
-    first, second = (aten.clamp_min.default, aten.clamp_max.default)
-    for a, b in ((first, second), (second, first)):
-        if is_call(node, a) and len(node.args) == 2 and not node.kwargs:
-            bound = _scalar(node.args[1])
-            if bound is None:
-                return None
-            nxt = only_user(node)
-            if is_call(nxt, b) and len(nxt.args) == 2 and not nxt.kwargs:
-                other = _scalar(nxt.args[1])
-                if other is None:
-                    return None
-                lo, hi = (bound, other) if a is first else (other, bound)
-                return ("hardtanh", [lo, hi], nxt) if lo <= hi else None
-            if a is first and bound == 0.0:
-                return "relu", [], node
-            return None
-    return None
+def _same_shape_uint8_addend(root: fx.Node, operand: fx.Node, other: tuple) -> bool:
+    """The add oneDNN's conv sums in: another quint8 activation of the conv output's shape."""
+    val = other[0].meta.get("val")
+    return (val is not None and val.dtype == torch.uint8
+            and operand.meta["val"].shape == root.meta["val"].shape)
 
 
 class _Tail:
-    """What follows a conv / linear, replaced with it: an optional add of another quint8
-    activation (convs), an optional ReLU / hardtanh, an optional quint8 quantize."""
+    """What follows a conv / linear, replaced with it (:class:`torchquant.ops.patterns.PostOps`
+    with oneDNN's unary post-ops): an optional add of another quint8 activation (convs), an
+    optional ReLU / hardtanh, an optional quint8 quantize (``out``: its scale and zero point;
+    None for a float32 output)."""
 
     def __init__(self, node: fx.Node, allow_add: bool) -> None:
-        self.last, self.unary, self.scalars = node, "none", []
-        self.other: Optional[tuple] = None
+        chain = patterns.PostOps(node, _same_shape_uint8_addend if allow_add else None,
+                                 unaries=("relu", "hardtanh"))
+        self.last, self.other = chain.last, chain.other
+        self.unary, self.scalars = chain.unary, chain.scalars
         self.out: Optional[tuple[float, int]] = None
-        user = only_user(node)
-        if allow_add and is_call(user, aten.add.Tensor) and len(user.args) == 2 and not user.kwargs:
-            a, b = user.args
-            candidate = b if a is node else a
-            other = _activation(candidate) if candidate is not node else None
-            same = (other is not None and isinstance(candidate, fx.Node)
-                    and candidate.meta["val"].shape == node.meta["val"].shape)
-            if same:
-                self.last, self.other = user, other
-                user = only_user(user)
-        unary = _unary(user)
-        if unary is not None and (self.other is None or unary[0] == "relu"):
-            self.unary, self.scalars, self.last = unary
-            user = only_user(self.last)
-        if is_call(user, _tq().quantize_per_tensor.default) and user.args[3] == "quint8":
-            self.last, self.out = user, (float(user.args[1]), int(user.args[2]))
+        q = chain.quantize
+        if q is not None and q.args[3] == "quint8":
+            self.last, self.out = q, (float(q.args[1]), int(q.args[2]))
 
 
 class _Graph:
@@ -455,6 +408,45 @@ def _fuse_torchquant_conv(g: _Graph, node: fx.Node) -> bool:
     return True
 
 
+_ONEDNN_LINEAR_POST_OPS = ("none", "relu", "leaky_relu", "tanh")
+
+
+def _fuse_torchquant_linear(g: Any, node: Any) -> bool:
+    """``torchquant::linear`` with a frozen weight (eager- and FX-converted Linear layers) as
+    ``onednn.qlinear_pointwise`` with the weight prepacked at freezing: the call the eager
+    kernel makes on CPUs where oneDNN's u8 x s8 products are exact, so the same integers;
+    where they saturate, the eager kernel's split there (:mod:`.saturation_safe`)."""
+    if not is_packaging():
+        return False
+    a = _op_arguments(node)
+    x, post_op = a["x"], a["post_op"]
+    frozen = frozen_op_weight(g, a)
+    val = x.meta.get("val") if hasattr(x, "meta") else None
+    if (val is None or val.dtype != torch.uint8 or val.dim() != 2 or frozen is None
+            or a["out_dtype"] != torch.uint8 or post_op not in _ONEDNN_LINEAR_POST_OPS
+            or a["other"] is not None):
+        return False
+    w, w_scale, bias = frozen
+    if not _exactness.onednn_u8s8_exact():
+        if native_allowed() or post_op not in ("none", "relu"):
+            return False  # in process the op runs its eager kernel, exact here
+        saturation_safe.linear(g, node, x, float(a["x_scale"]), int(a["x_zero_point"]), w,
+                               w_scale, bias, post_op, float(a["out_scale"]),
+                               int(a["out_zero_point"]))
+        return True
+    w_zp = torch.zeros(w.size(0), dtype=torch.int64)
+    packed = torch.ops.onednn.qlinear_prepack(w.contiguous(), None)
+    args = (x, float(a["x_scale"]), int(a["x_zero_point"]),
+            g.constant(packed, node, "packed_linear_weight"),
+            g.constant(w_scale, node, "weight_scale"), g.constant(w_zp, node, "weight_zp"),
+            None if bias is None else g.constant(bias.to(torch.float32), node, "bias"),
+            float(a["out_scale"]), int(a["out_zero_point"]), torch.uint8, post_op,
+            [float(a["negative_slope"])] if post_op == "leaky_relu" else [], "")
+    _replace(node, torch.ops.onednn.qlinear_pointwise.default, args,
+                    torch.empty_like(node.meta["val"]))
+    return True
+
+
 def _emit_conv1d(g: _Graph, node: fx.Node, x: fx.Node, a: dict, w: torch.Tensor,
                  w_scale: torch.Tensor, w_zp: torch.Tensor, bias: Optional[torch.Tensor],
                  geometry: tuple, addend: Optional[tuple]) -> None:
@@ -498,16 +490,13 @@ def _linear_operands(node: fx.Node) -> Optional[tuple]:
 
 def _dynamic_activation(node: Any) -> Optional[tuple]:
     """(uint8 integers, scale, zero point) nodes of a dequantize with qparams computed in the
-    graph (dynamic quantization) as inductor decomposes it: ``(float(q) - zp) * float(scale)``
-    with ``q`` uint8 and ``scale`` / ``zp`` 0-d float / integer tensors."""
-    convert = prims.convert_element_type.default
-    if not (is_call(node, aten.mul.Tensor) and len(node.args) == 2):
+    graph (dynamic quantization) as inductor decomposes it
+    (:func:`torchquant.ops.patterns.dynamic_dequantize`), ``scale`` / ``zp`` 0-d float /
+    integer tensors."""
+    parts = patterns.dynamic_dequantize(node, prims.convert_element_type.default)
+    if parts is None:
         return None
-    sub, scale_f = node.args
-    if not (is_call(sub, aten.sub.Tensor) and len(sub.args) == 2 and not sub.kwargs
-            and is_call(scale_f, convert) and is_call(sub.args[0], convert)):
-        return None
-    q, scale, zp = sub.args[0].args[0], scale_f.args[0], sub.args[1]
+    q, scale, zp = parts
     vals = [n.meta.get("val") if isinstance(n, fx.Node) else None for n in (q, scale, zp)]
     if any(v is None for v in vals):
         return None
@@ -527,17 +516,20 @@ def _dynamic_source(x: Any) -> Optional[tuple]:
     return _dynamic_activation(x)
 
 
-def _fuse_linear(g: _Graph, node: fx.Node) -> bool:
+def _fuse_linear(g: _Graph, node: fx.Node, dynamic: bool) -> bool:
     """``addmm`` / ``mm`` of a quantized activation and a frozen int8 weight -> one oneDNN int8
-    linear.  A static activation (constant qparams) takes the quantize after the linear into
-    the call; a dynamic one (qparams computed in the graph, the input maybe viewed to 2-D)
-    gives a float output, oneDNN reading the qparams as tensors (as torchao's dynamic X86 flow
-    lowers), with an exact GELU after it fused as oneDNN's post-op (its GELU agrees with
-    ATen's to float32 rounding)."""
+    linear.  A static activation (constant qparams; the ``linear`` pattern) takes the quantize
+    after the linear into the call; a dynamic one (qparams computed in the graph, the input
+    maybe viewed to 2-D; ``linear_dynamic``) gives a float output, oneDNN reading the qparams
+    as tensors (as torchao's dynamic X86 flow lowers), with an exact GELU after it fused as
+    oneDNN's post-op (its GELU agrees with ATen's to float32 rounding)."""
     operands = _linear_operands(node)
     if operands is None:
         return False
     x_arg, wt_arg, b_arg = operands
+    static = None if dynamic else _activation(x_arg)
+    if static is None and not dynamic:
+        return False
     if not (is_call(wt_arg, aten.permute.default) and list(wt_arg.args[1]) == [1, 0]):
         return False
     weight = _weight(g.gm, wt_arg.args[0], 0)
@@ -546,7 +538,6 @@ def _fuse_linear(g: _Graph, node: fx.Node) -> bool:
         return False
     w, w_scale, w_zp = weight
     tail = _Tail(node, allow_add=False)
-    static = _activation(x_arg)
     if static is not None:
         (q_x, x_scale, x_zp), x_shape = static, _static_shape(static[0])
         target = torch.ops.onednn.qlinear_pointwise.default
@@ -600,14 +591,6 @@ def integer_max_pool_lowered(kernel_size: Any) -> bool:
     return all(isinstance(k, int) for k in sizes) and math.prod(sizes) <= _INDUCTOR_MAX_POOL_WINDOW
 
 
-def _max_pool_targets() -> tuple:
-    """The max pool ops a frozen graph may spell a 2-d max pool with (the second once
-    inductor's low-memory pass has run); output 0 is the pooled values in both."""
-    low_memory = getattr(prims, "_low_memory_max_pool_with_offsets", None)  # inductor's prim
-    return (aten.max_pool2d_with_indices.default,
-            *(() if low_memory is None else (low_memory.default,)))
-
-
 def _pool_integers(g: _Graph, node: fx.Node) -> bool:
     """A max pool of dequantized 8-bit values pools the integers instead: dequantizing is
     monotone (a positive scale), so ``max(dequantize(v)) == dequantize(max(v))`` bit for bit
@@ -636,17 +619,11 @@ def _pool_integers(g: _Graph, node: fx.Node) -> bool:
     ints.meta["val"] = _fake_like(values.meta["val"], val.dtype, torch.preserve_format)
     pooled.meta["val"] = (ints.meta["val"], *node.meta["val"][1:])
     after = only_user(values)
-    info = torch.iinfo(val.dtype)
-    if (is_call(after, _tq().quantize_per_tensor.default) and len(after.args) >= 4
-            and float(after.args[1]) == float(scale) and after.args[2] == zp
-            and 1e-30 < float(scale) < 1e30):
-        qdtype = _dt.qdtype_of(after.args[3])
-        if (qdtype.storage_dtype == val.dtype and qdtype.qmin == info.min
-                and qdtype.qmax == info.max):
-            after.replace_all_uses_with(ints)
-            graph.erase_node(after)
-            graph.erase_node(values)
-            return True
+    if after is not None and patterns.undoes_dequantize(val.dtype, scale, zp, after):
+        after.replace_all_uses_with(ints)
+        graph.erase_node(after)
+        graph.erase_node(values)
+        return True
     with graph.inserting_before(node):
         deq = graph.call_function(dq.target, (ints, scale, zp))
     deq.meta["val"] = values.meta["val"]
@@ -670,15 +647,13 @@ def _erase_dead(node: fx.Node) -> None:
 def _fold(gm: fx.GraphModule, node: fx.Node) -> bool:
     """Replace a dequantize of frozen constants by its float value (what torch's constant
     folding, told to leave these for the fusions, would have made of it)."""
-    args = [(get_attr_tensor(gm, a) if isinstance(a, fx.Node) else a) for a in node.args]
-    if any(a is None for a, raw in zip(args, node.args) if isinstance(raw, fx.Node)):
-        return False
-    node.replace_all_uses_with(_Graph(gm).constant(node.target(*args), node,
-                                                   "dequantized_weight"))
-    return True
+    return patterns.fold_constant_dequantize(gm, node, "_torchquant_dequantized_weight_",
+                                             persistent=False) is not None
 
 
-def _handler(rewrite: Callable[[_Graph, fx.Node], bool], needs_exact_onednn: bool) -> Callable:
+def _handler(emitters: list[tuple[Callable, Callable, bool]]) -> Callable:
+    """The pattern matcher's replacement for one root op: the first of its patterns'
+    ``(check, rewrite, needs exact oneDNN)`` emitters whose rewrite applies."""
     def handler(match: Any, *args: Any, **kwargs: Any) -> None:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -689,11 +664,17 @@ def _handler(rewrite: Callable[[_Graph, fx.Node], bool], needs_exact_onednn: boo
         # real tensors: the pass packs and folds the frozen constants, and the oneDNN probe
         # behind onednn_u8s8_exact (measured once, cached) must not run on fake tensors
         with unset_fake_temporarily():
-            if needs_exact_onednn and not _exactness.onednn_u8s8_exact():
-                return
-            if rewrite(_Graph(gm), node):
-                _erase_dead(node)
+            for check, rewrite, needs_exact_onednn in emitters:
+                if needs_exact_onednn and not _exactness.onednn_u8s8_exact():
+                    continue
+                if check(match) and rewrite(_Graph(gm), node):
+                    _erase_dead(node)
+                    return
     return handler
+
+
+def _any_check(emitters: list[tuple[Callable, Callable, bool]]) -> Callable:
+    return lambda match: any(check(match) for check, _, _ in emitters)
 
 
 def _x_is_dequantized(match: Any) -> bool:
@@ -717,6 +698,28 @@ def _weight_is_frozen(match: Any) -> bool:
     return gm is not None and get_attr_tensor(gm, node.args[0]) is not None
 
 
+def _fuse_static_linear(g: _Graph, node: fx.Node) -> bool:
+    return _fuse_linear(g, node, dynamic=False)
+
+
+def _fuse_dynamic_linear(g: _Graph, node: fx.Node) -> bool:
+    return _fuse_linear(g, node, dynamic=True)
+
+
+# what this pass emits for each pattern of the ``inductor`` use of
+# torchquant.ops.patterns.PATTERNS: (a cheap check on the match, the rewrite, whether it
+# needs oneDNN's u8 x s8 products exact)
+EMITTERS: dict[str, tuple[Callable, Callable, bool]] = {
+    "conv": (_x_is_dequantized, _fuse_conv, False),
+    "torchquant_conv": (_always, _fuse_torchquant_conv, False),
+    "torchquant_linear": (_always, _fuse_torchquant_linear, False),
+    "linear": (_x_is_dequantized, _fuse_static_linear, True),
+    "linear_dynamic": (_x_is_dequantized, _fuse_dynamic_linear, True),
+    "max_pool": (_always, _pool_integers, False),
+    "weight_dequantize": (_weight_is_frozen, _fold_rewrite, False),
+}
+
+
 def register() -> None:
     """Register the fusions (and the folding of the weight dequantizes they leave) as
     patterns of inductor's first freezing pass, before its own conv / linear packing."""
@@ -729,17 +732,11 @@ def register() -> None:
     add_dont_constant_fold(tq.dequantize_per_tensor.default)
     # the pass visits nodes last to first: every conv / linear is tried before the weight
     # dequantizes that feed it are folded
-    for target, check, rewrite, exact in (
-            (tq.conv.default, _always, _fuse_torchquant_conv, False),
-            (aten.convolution.default, _x_is_dequantized, _fuse_conv, False),
-            (aten.addmm.default, _x_is_dequantized, _fuse_linear, True),
-            (aten.mm.default, _x_is_dequantized, _fuse_linear, True),
-            *((pool, _always, _pool_integers, False) for pool in _max_pool_targets()),
-            (tq.dequantize_per_channel.default, _weight_is_frozen, _fold_rewrite, False),
-            (tq.dequantize_per_tensor.default, _weight_is_frozen, _fold_rewrite, False)):
+    for target, names in patterns.by_root("inductor").items():
+        emitters = [EMITTERS[name] for name in names]
         pattern = CallFunctionVarArgs(target, users=MULTIPLE)
-        register_graph_pattern(pattern, extra_check=check, pass_dict=pass_patterns[0],
-                               prepend=True)(_handler(rewrite, exact))
+        register_graph_pattern(pattern, extra_check=_any_check(emitters),
+                               pass_dict=pass_patterns[0], prepend=True)(_handler(emitters))
 
 
 def aoti_c_shims() -> dict:

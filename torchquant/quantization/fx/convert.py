@@ -22,18 +22,21 @@ from ... import dtypes as _dt
 from ...tensor.functions import quantize_per_channel as _quantize_per_channel
 from ...tensor.functions import quantize_per_tensor as _quantize_per_tensor
 from ...tensor.functions import quantize_per_tensor_dynamic as _quantize_per_tensor_dynamic
-from ...nn import intrinsic as nni
 from ...nn.intrinsic import quantized as nniq
 from ...nn import quantized as nnq
 from ...nn.quantized import _binary
 from ...nn.quantized import _normalization
 from ...nn.quantized import functional as qF
-from ...nn.quantized import dynamic as nnqd
-from ...nn.intrinsic.quantized import dynamic as nniqd
 from ...nn.quantized.dynamic.modules.linear import to_float16_weight
-from ...nn.quantized import reference as nnqr
 from ...nn.quantized.modules.utils import as_output_scale as _as_output_scale
 from ...nn.quantized.modules.utils import as_output_zero_point as _as_output_zero_point
+from ... import nn as _tq_nn
+# the packages the pattern table's FX rows name, loaded for _nn_class
+from ...nn import intrinsic as _nni  # noqa: F401
+from ...nn.intrinsic.quantized import dynamic as _nniqd  # noqa: F401
+from ...nn.quantized import dynamic as _nnqd  # noqa: F401
+from ...nn.quantized import reference as _nnqr  # noqa: F401
+from ...ops import patterns as _patterns
 from ...ops._library import weight_qparams
 from ..._graph import fresh_attr_name, only_user, optional_attr_value
 from ..backend_config import BackendConfig
@@ -48,7 +51,7 @@ __all__ = ["quantize_per_tensor", "quantize_per_channel", "quantize_per_tensor_d
            "mark_quantized_inputs", "swap_custom_modules", "keep_quantized_outputs",
            "rewire_standalone_module", "activation_qparams", "ORIGINAL_WEIGHTS_LOOKUP",
            "read_qparams_from_buffers", "drop_unread_attributes", "run_weight_observers",
-           "refresh_qparam_literals"]
+           "refresh_qparam_literals", "unlowered_reference_modules"]
 
 
 def quantize_per_tensor(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
@@ -288,57 +291,42 @@ def convert_to_reference(gm: GraphModule, backend_config: BackendConfig,
 # ---------------------------------------------------------------------------------------------
 # lowering
 
-_LOWER_MODULES: dict[type, type] = {
-    nnqr.Linear: nnq.Linear,
-    nnqr.Conv1d: nnq.Conv1d,
-    nnqr.Conv2d: nnq.Conv2d,
-    nnqr.Conv3d: nnq.Conv3d,
-}
+def _nn_class(path: str) -> type:
+    """The module class a pattern-table path names: ``torch.<Name>`` in ``torch.nn``, anything
+    else a path under ``torchquant.nn``."""
+    if path.startswith("torch."):
+        return getattr(torch.nn, path[len("torch."):])
+    value: Any = _tq_nn
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _fx_lowerings(kind: str) -> tuple[dict[type, type], dict[type, tuple[type, type]]]:
+    """FX convert's rows of one kind in torchquant.ops.patterns.PATTERNS: (reference / float
+    module -> quantized module, fused module -> (its first child's type, quantized module))."""
+    plain: dict[type, type] = {}
+    fused: dict[type, tuple[type, type]] = {}
+    for row in _patterns.fx_modules(kind):
+        if row.inner:
+            fused[_nn_class(row.root)] = (_nn_class(row.inner), _nn_class(row.target))
+        else:
+            plain[_nn_class(row.root)] = _nn_class(row.target)
+    return plain, fused
+
+
+# reference module -> quantized module, its qparams from the quantize after it
+_LOWER_MODULES, _LOWER_FUSED_MODULES = _fx_lowerings("static")
+# the same for fused modules reading a second quantized input (conv + add)
+_, _LOWER_TWO_INPUT_FUSED_MODULES = _fx_lowerings("two_inputs")
 # float modules between dequantize and quantize that become quantized modules taking the
 # output qparams (torch's "special pattern" lowering for the native / x86 backends)
-_LOWER_OUTPUT_QPARAMS_MODULES: dict[type, type] = {
-    torch.nn.BatchNorm2d: nnq.BatchNorm2d,
-    torch.nn.BatchNorm3d: nnq.BatchNorm3d,
-    nni.BNReLU2d: nniq.BNReLU2d,
-    nni.BNReLU3d: nniq.BNReLU3d,
-    torch.nn.ELU: nnq.ELU,
-    torch.nn.LeakyReLU: nnq.LeakyReLU,
-    torch.nn.Hardswish: nnq.Hardswish,
-    torch.nn.InstanceNorm1d: nnq.InstanceNorm1d,
-    torch.nn.InstanceNorm2d: nnq.InstanceNorm2d,
-    torch.nn.InstanceNorm3d: nnq.InstanceNorm3d,
-    torch.nn.LayerNorm: nnq.LayerNorm,
-    torch.nn.Dropout: nnq.Dropout,
-    torch.nn.Softmax: nnq.Softmax,
-    torch.nn.PReLU: nnq.PReLU,
-    nnqr.ConvTranspose1d: nnq.ConvTranspose1d,
-    nnqr.ConvTranspose2d: nnq.ConvTranspose2d,
-    nnqr.ConvTranspose3d: nnq.ConvTranspose3d,
-}
-_LOWER_FUSED_MODULES: dict[type, tuple[type, type]] = {
-    nni.LinearReLU: (nnqr.Linear, nniq.LinearReLU),
-    nni.ConvReLU1d: (nnqr.Conv1d, nniq.ConvReLU1d),
-    nni.ConvReLU2d: (nnqr.Conv2d, nniq.ConvReLU2d),
-    nni.ConvReLU3d: (nnqr.Conv3d, nniq.ConvReLU3d),
-}
+_LOWER_OUTPUT_QPARAMS_MODULES, _ = _fx_lowerings("output_qparams")
 # reference module -> dynamic quantized module (float in, float out; the input observer's
 # quantize_per_tensor_dynamic / float16 rounding is folded into the module)
-_DYNAMIC_LOWER_MODULES: dict[type, type] = {
-    nnqr.Linear: nnqd.Linear,
-    nnqr.LSTM: nnqd.LSTM,
-    nnqr.GRU: nnqd.GRU,
-    nnqr.LSTMCell: nnqd.LSTMCell,
-    nnqr.GRUCell: nnqd.GRUCell,
-    nnqr.RNNCell: nnqd.RNNCell,
-}
-_DYNAMIC_LOWER_FUSED_MODULES: dict[type, tuple[type, type]] = {
-    nni.LinearReLU: (nnqr.Linear, nniqd.LinearReLU),
-}
+_DYNAMIC_LOWER_MODULES, _DYNAMIC_LOWER_FUSED_MODULES = _fx_lowerings("dynamic")
 # weight-only: float in, float out, quantized weight
-_WEIGHT_ONLY_LOWER_MODULES: dict[type, type] = {
-    nnqr.Embedding: nnq.Embedding,
-    nnqr.EmbeddingBag: nnq.EmbeddingBag,
-}
+_WEIGHT_ONLY_LOWER_MODULES, _ = _fx_lowerings("weight_only")
 # ops that run on a QTensor and keep its qparams: a dequantize -> op -> quantize island around
 # them is removed whatever the backend config says (torch's lowering does the same, for these
 # exact lists: ``torch.relu`` and the ``.flatten()`` method are not among them there, so they
@@ -564,28 +552,29 @@ def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> Graph
             continue
         if node.op == "call_module":
             module = modules.get(str(node.target))
-            lowered_cls = None
+            lowered_cls, inputs = None, 1
             if type(module) in _LOWER_MODULES:
                 lowered_cls = _LOWER_MODULES[type(module)]
-            elif type(module) in _LOWER_FUSED_MODULES and \
-                    type(module[0]) is _LOWER_FUSED_MODULES[type(module)][0]:
-                lowered_cls = _LOWER_FUSED_MODULES[type(module)][1]
+            for fused, count in ((_LOWER_FUSED_MODULES, 1), (_LOWER_TWO_INPUT_FUSED_MODULES, 2)):
+                if type(module) in fused and type(module[0]) is fused[type(module)][0]:
+                    lowered_cls, inputs = fused[type(module)][1], count
             if _lower_dynamic_or_weight_only_module(gm, modules, node, module):
                 continue
             if type(module) in _LOWER_OUTPUT_QPARAMS_MODULES:
                 _lower_output_qparams_module(gm, modules, node, module)
                 continue
             if lowered_cls is not None:
-                dq = node.args[0]
                 quant_out = _single_quantize_user(node)
-                if len(node.args) == 1 and _is_dequantize(dq) and quant_out is not None:
+                if len(node.args) == inputs and all(_is_dequantize(a) for a in node.args) \
+                        and not node.kwargs and quant_out is not None:
                     scale, zp = _qparams(gm, quant_out)
                     qmod = lowered_cls.from_reference(module, scale, zp)
                     _set_module(gm, str(node.target), qmod)
                     modules[str(node.target)] = qmod
-                    node.args = (dq.args[0],)
+                    dqs = list(dict.fromkeys(node.args))
+                    node.args = tuple(dq.args[0] for dq in node.args)
                     node.meta["torchquant_qparams"] = (scale, zp)
-                    _finish(gm, node, quant_out, [dq])
+                    _finish(gm, node, quant_out, dqs)
                 continue
         if node.op == "call_function" and node.target in _ADD_OPS + _MUL_OPS:
             _lower_binary(gm, modules, node)
@@ -618,6 +607,26 @@ def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> Graph
     graph.lint()
     gm.recompile()
     return gm
+
+
+def unlowered_reference_modules(gm: GraphModule) -> dict[str, str]:
+    """Module path -> why, for each module a lowered graph still runs as its reference module
+    (float math between quantize and dequantize): its pattern was quantized at prepare, but
+    the quantize / dequantize around it are not what its quantized form needs (a missing
+    input or output quantize, another dtype)."""
+    roots = {*_LOWER_MODULES, *_DYNAMIC_LOWER_MODULES, *_WEIGHT_ONLY_LOWER_MODULES}
+    fused = {**_LOWER_FUSED_MODULES, **_LOWER_TWO_INPUT_FUSED_MODULES,
+             **_DYNAMIC_LOWER_FUSED_MODULES}
+    modules = dict(gm.named_modules(remove_duplicate=False))
+    reasons = {}
+    for node in gm.graph.nodes:
+        module = modules.get(str(node.target)) if node.op == "call_module" else None
+        if type(module) in roots or (type(module) in fused
+                                     and type(module[0]) is fused[type(module)][0]):
+            reasons[str(node.target)] = ("the quantize / dequantize around it do not fit its "
+                                         "quantized module: it runs as its reference module, "
+                                         "in float")
+    return reasons
 
 
 def _inline_quantize_qparams(gm: GraphModule) -> None:

@@ -18,6 +18,11 @@ computation is one of the ops layer's (``ops.conv.conv`` / ``ops.linear.linear``
   :func:`torchquant.ops.pooling.max_pool` call on the integers;
 * a dequantize of a constant weight that stays float is folded into a float constant.
 
+The patterns, and the ops each starts from, are the ``pt2e`` column of
+:data:`torchquant.ops.patterns.PATTERNS` (shared with FX convert, the inductor pass and the
+reference representation, as are the matchers for their pieces); :data:`EMITTERS` says what
+this lowering makes of each.
+
 What is left (elementwise quantize / dequantize around pooling, the float head) stays as
 graph ops for inductor.  Patterns the ops do not cover (an output that is not re-quantized,
 a narrowed quant range, transposed convs, broadcast adds, qint8 activations into a conv) are
@@ -37,6 +42,7 @@ from torch.fx import GraphModule, Node
 from ... import dtypes as _dt
 from ...ops import conv as _ops_conv
 from ...ops import linear as _ops_linear
+from ...ops import patterns
 from ...ops import pooling as _ops_pooling
 from ...ops._library import weight_qparams
 from ..._graph import drop_unused_attrs, fresh_attr_name, get_attr_tensor, is_call, only_user
@@ -48,11 +54,8 @@ _tq = torch.ops.torchquant
 _aten = torch.ops.aten
 _Q = _tq.quantize_per_tensor.default
 _DQ = _tq.dequantize_per_tensor.default
-_DQ_CH = _tq.dequantize_per_channel.default
 _Q_DYN = _tq.quantize_dynamic_per_tensor.default
-_RELU = (_aten.relu.default, _aten.relu_.default)
-_ADD = (_aten.add.Tensor, _aten.add_.Tensor)
-_CONV = {_aten.conv1d.default: 1, _aten.conv2d.default: 2, _aten.conv3d.default: 3}
+_CONV_DIMS = {_aten.conv1d.default: 1, _aten.conv2d.default: 2, _aten.conv3d.default: 3}
 _LINEAR = _aten.linear.default
 _DTYPE_KEY = "torchquant_lowered_dtype"  # a fused node's output dtype (convert sets no "val")
 _SHAPE_KEY = "torchquant_lowered_shape"
@@ -159,69 +162,11 @@ def _shape(node: Any) -> Optional[torch.Size]:
     return None
 
 
-def _act_dq(node: Any) -> Optional[tuple[Node, float, int]]:
-    """(codes, scale, zero_point) of a per-tensor activation dequantize."""
-    if not is_call(node, _DQ) or len(node.args) < 3:
-        return None
-    codes = node.args[0]
-    if not isinstance(codes, Node) or codes.op == "get_attr":
-        return None
-    return codes, float(node.args[1]), int(node.args[2])
-
-
-def _weight(model: GraphModule, node: Any) -> Optional[tuple]:
-    """(int8 weight, scale, zero_point, axis) of a dequantized constant weight; per-tensor
-    qparams as 0-d tensors."""
-    if is_call(node, _DQ_CH):
-        w, s, zp = (get_attr_tensor(model, a) for a in node.args[:3])
-        axis = int(node.args[3])
-        if w is None or s is None or zp is None or axis != 0:
-            return None
-        return w, s, zp, axis
-    if is_call(node, _DQ):
-        w = get_attr_tensor(model, node.args[0])
-        if w is None:
-            return None
-        return (w, torch.tensor(float(node.args[1]), dtype=torch.float64),
-                torch.tensor(int(node.args[2]), dtype=torch.int64), None)
-    return None
-
-
-def _bias(model: GraphModule, node: Any) -> tuple[bool, Optional[torch.Tensor]]:
-    if node is None:
-        return True, None
-    b = get_attr_tensor(model, node)
-    return (b is not None and b.dtype == torch.float32), b
-
-
-def _tail(root: Node) -> Optional[tuple[list[Node], str, Optional[tuple], Node]]:
-    """The fusable chain after a conv / linear: (nodes fused, post_op, other activation
-    (codes, scale, zp) or None, the per-tensor quantize ending it)."""
-    chain: list[Node] = []
-    post_op, other = "none", None
-    cur = root
-    nxt = only_user(cur)
-    if is_call(nxt, _RELU):
-        chain.append(nxt)
-        post_op, cur = "relu", nxt
-    elif is_call(nxt, _ADD) and len(nxt.args) == 2 and not nxt.kwargs:
-        a, b = nxt.args
-        operand = b if a is cur else a
-        deq = _act_dq(operand)
-        shape = _shape(cur)
-        if deq is None or operand is cur or shape is None or _shape(operand) != shape \
-                or _dtype(deq[0]) != torch.uint8:
-            return None
-        chain.append(nxt)
-        post_op, other, cur = "add", deq, nxt
-        after = only_user(cur)
-        if is_call(after, _RELU):
-            chain.append(after)
-            post_op, cur = "add_relu", after
-    q = only_user(cur)
-    if not is_call(q, _Q) or len(q.args) < 4:
-        return None
-    return chain, post_op, other, q
+def _uint8_addend_of_same_shape(root: Node, operand: Node, other: tuple) -> bool:
+    """The add the static ops fuse: another quint8 activation of the conv / linear output's
+    shape (no broadcast)."""
+    shape = _shape(root)
+    return shape is not None and _shape(operand) == shape and _dtype(other[0]) == torch.uint8
 
 
 def _conv_geometry(node: Node, n: int) -> Optional[tuple]:
@@ -263,45 +208,55 @@ def _replace(model: GraphModule, first: Node, last: Node, module: torch.nn.Modul
 def _int8_weight_and_bias(model: GraphModule, w: Any, b: Any
                           ) -> Optional[tuple[tuple, Optional[torch.Tensor]]]:
     """((int8 codes, scale, zero point, axis), bias) of a conv / linear node's weight and bias
-    arguments, or None where they are not a constant int8 weight and a constant (or no) bias."""
-    weight = _weight(model, w)
-    ok_bias, bias = _bias(model, b)
-    if weight is None or not ok_bias or weight[0].dtype != torch.int8:
+    arguments, or None where they are not a constant int8 weight (per tensor, or per output
+    channel) and a constant float32 (or no) bias."""
+    weight = patterns.constant_dequantize(model, w)
+    bias = get_attr_tensor(model, b) if b is not None else None
+    if (weight is None or weight[0].dtype != torch.int8 or weight[3] not in (None, 0)
+            or (b is not None and (bias is None or bias.dtype != torch.float32))):
         return None
     return weight, bias
 
 
-def _fuse_static(model: GraphModule, node: Node) -> bool:
-    is_conv = node.target in _CONV
-    if is_conv:
-        geometry = _conv_geometry(node, _CONV[node.target])
-        if geometry is None:
-            return False
-        x, w, b, stride, padding, dilation, groups = geometry
-    else:
-        x, w = node.args[:2]
+def _static_operands(node: Node) -> Optional[tuple]:
+    """(x, w, b, conv geometry or None) of a conv / linear node."""
+    if node.target is _LINEAR:
         b = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
-    deq = _act_dq(x)
+        return node.args[0], node.args[1], b, None
+    geometry = _conv_geometry(node, _CONV_DIMS[node.target])
+    if geometry is None:
+        return None
+    x, w, b, *rest = geometry
+    return x, w, b, tuple(rest)
+
+
+def _fuse_static(model: GraphModule, node: Node) -> bool:
+    """The ``conv`` / ``linear`` patterns: one :class:`LoweredConv` / :class:`LoweredLinear`."""
+    operands = _static_operands(node)
+    if operands is None:
+        return False
+    x, w, b, geometry = operands
+    deq = patterns.activation_dequantize(x)
     weight_bias = _int8_weight_and_bias(model, w, b)
     if deq is None or weight_bias is None:
         return False
     weight, bias = weight_bias
     x_dtype = _dtype(deq[0])
-    tail = _tail(node)
-    if tail is None:
+    tail = patterns.PostOps(node, addend_ok=_uint8_addend_of_same_shape)
+    q = tail.quantize
+    if q is None:
         return False
-    chain, post_op, other, q = tail
+    other = tail.other
     out_qdtype = _dt.qdtype_of(q.args[3])
     out_scale, out_zp = float(q.args[1]), int(q.args[2])
     w_int, w_scale, w_zp, axis = weight
-    if is_conv:
+    if geometry is not None:
         if x_dtype != torch.uint8 or out_qdtype.name != "quint8":
             return False
         packed = _ops_conv.packed_conv_weight(w_int, *weight_qparams(w_scale, w_zp, axis),
-                                              bias, axis or 0, stride, padding, dilation,
-                                              groups)
+                                              bias, axis or 0, *geometry)
         module: torch.nn.Module = LoweredConv(packed, deq[1], deq[2], out_scale, out_zp,
-                                              post_op, *(other[1:] if other else (1.0, 0)))
+                                              tail.post_op, *(other[1:] if other else (1.0, 0)))
         prefix = "lowered_conv_"
     else:
         if x_dtype not in (torch.uint8, torch.int8) or out_qdtype.name not in ("quint8",
@@ -309,7 +264,7 @@ def _fuse_static(model: GraphModule, node: Node) -> bool:
             return False
         packed = _ops_linear.packed_linear_weight(w_int, *weight_qparams(w_scale, w_zp, axis), bias)
         module = LoweredLinear(packed, deq[1], deq[2], out_scale, out_zp,
-                               out_qdtype.storage_dtype, post_op,
+                               out_qdtype.storage_dtype, tail.post_op,
                                *(other[1:] if other else (1.0, 0)))
         prefix = "lowered_linear_"
     args = (deq[0],) if other is None else (deq[0], other[0])
@@ -318,22 +273,15 @@ def _fuse_static(model: GraphModule, node: Node) -> bool:
 
 
 def _dynamic_input(node: Any) -> Optional[tuple[Node, bool]]:
-    """(float input, reduce_range) of the dequantize ``convert`` writes after a dynamic
-    quantize: ``mul(sub(float(codes), zp), float(scale))``."""
-    if not is_call(node, (_aten.mul.Tensor,)):
+    """(float input, reduce_range) of the dequantize ``convert`` writes after a quint8
+    dynamic quantize (the codes, scale and zero point are its outputs 0, 1 and 2)."""
+    parts = patterns.dynamic_dequantize(node, _aten._to_copy.default)
+    if parts is None or not all(is_call(p, operator.getitem) for p in parts):
         return None
-    shifted, scale = node.args
-    if not is_call(shifted, (_aten.sub.Tensor,)) or not is_call(scale, (_aten._to_copy.default,)):
-        return None
-    qf, zp = shifted.args
-    if not is_call(qf, (_aten._to_copy.default,)):
-        return None
-    parts = (qf.args[0], zp, scale.args[0])
-    if not all(is_call(p, (operator.getitem,)) for p in parts):
-        return None
-    chosen = parts[0].args[0]
-    if not is_call(chosen, _Q_DYN) or any(p.args[0] is not chosen for p in parts) \
-            or [p.args[1] for p in parts] != [0, 2, 1]:
+    codes, scale, zp = parts
+    chosen = codes.args[0]
+    if (not is_call(chosen, _Q_DYN) or any(p.args[0] is not chosen for p in parts)
+            or [p.args[1] for p in parts] != [0, 1, 2]):
         return None
     x, qdtype = chosen.args[:2]
     reduce_range = bool(chosen.args[2]) if len(chosen.args) > 2 else False
@@ -343,6 +291,8 @@ def _dynamic_input(node: Any) -> Optional[tuple[Node, bool]]:
 
 
 def _fuse_dynamic(model: GraphModule, node: Node) -> bool:
+    """The ``linear_dynamic`` pattern: one :class:`LoweredDynamicLinear` (a ReLU after it
+    taken in)."""
     x, w = node.args[:2]
     b = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
     dyn = _dynamic_input(x)
@@ -351,15 +301,14 @@ def _fuse_dynamic(model: GraphModule, node: Node) -> bool:
         return False
     (w_int, w_scale, w_zp, axis), bias = weight_bias
     packed = _ops_linear.packed_linear_weight(w_int, *weight_qparams(w_scale, w_zp, axis), bias)
-    relu = only_user(node)
-    last = relu if is_call(relu, _RELU) else node
+    last = patterns.PostOps(node).last
     _replace(model, node, last, LoweredDynamicLinear(packed, dyn[1], last is not node),
              "lowered_dynamic_linear_", (dyn[0],), torch.float32)
     return True
 
 
-_MAX_POOL = {_aten.max_pool1d.default: 1, _aten.max_pool2d.default: 2,
-             _aten.max_pool3d.default: 3}
+_MAX_POOL_DIMS = {_aten.max_pool1d.default: 1, _aten.max_pool2d.default: 2,
+                  _aten.max_pool3d.default: 3}
 
 
 def max_pool_codes(values: torch.Tensor, ndim: int, kernel_size: list, stride: list,
@@ -369,64 +318,63 @@ def max_pool_codes(values: torch.Tensor, ndim: int, kernel_size: list, stride: l
                                  ceil_mode)
 
 
-def _same_qparams(dq: Node, q: Node) -> bool:
-    codes = dq.args[0]
-    return (float(dq.args[1]) == float(q.args[1]) and int(dq.args[2]) == int(q.args[2])
-            and _dtype(codes) == _dt.qdtype_of(q.args[3]).storage_dtype)
+def _pool_codes(model: GraphModule, node: Node) -> bool:
+    """The ``max_pool`` pattern: dequantizing is increasing and the quantize after the pool
+    gives the codes back, so the pool runs on the codes."""
+    dq = node.args[0]
+    if not is_call(dq, _DQ) or len(dq.args) < 3:
+        return False
+    q = only_user(node)
+    if q is None or not patterns.undoes_dequantize(_dtype(dq.args[0]), dq.args[1], dq.args[2], q):
+        return False
+    names = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode")
+    args = list(node.args) + [None, [], 0, 1, False][len(node.args) - 1:]
+    for k, v in node.kwargs.items():
+        args[names.index(k)] = v
+    with model.graph.inserting_before(q):
+        pooled = model.graph.call_function(
+            max_pool_codes, (dq.args[0], _MAX_POOL_DIMS[node.target], *args[1:6]))
+    pooled.meta[_DTYPE_KEY] = _dtype(dq.args[0])
+    pooled.meta[_SHAPE_KEY] = _shape(node)
+    q.replace_all_uses_with(pooled)
+    return True
 
 
-def _lower_max_pool(model: GraphModule) -> int:
-    lowered = 0
-    for node in list(model.graph.nodes):
-        if not is_call(node, _MAX_POOL) or not is_call(node.args[0], _DQ):
-            continue
-        q = only_user(node)
-        if not is_call(q, _Q) or not _same_qparams(node.args[0], q) or float(q.args[1]) <= 0:
-            continue
-        ndim = _MAX_POOL[node.target]
-        names = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode")
-        args = list(node.args) + [None, [], 0, 1, False][len(node.args) - 1:]
-        for k, v in node.kwargs.items():
-            args[names.index(k)] = v
-        with model.graph.inserting_before(q):
-            pooled = model.graph.call_function(
-                max_pool_codes, (node.args[0].args[0], ndim, *args[1:6]))
-        pooled.meta[_DTYPE_KEY] = _dtype(node.args[0].args[0])
-        pooled.meta[_SHAPE_KEY] = _shape(node)
-        q.replace_all_uses_with(pooled)
-        lowered += 1
-    return lowered
+def _drop_requantize(model: GraphModule, node: Node) -> bool:
+    """The ``requantize`` pattern: ``quantize(dequantize(q, s, zp), s, zp)`` of q's own dtype
+    is q."""
+    dq = node.args[0]
+    if not is_call(dq, _DQ) or len(dq.args) < 3 \
+            or not patterns.undoes_dequantize(_dtype(dq.args[0]), dq.args[1], dq.args[2], node):
+        return False
+    node.replace_all_uses_with(dq.args[0])
+    return True
 
 
-def _drop_requantize(model: GraphModule) -> int:
-    """``quantize(dequantize(q, s, zp), s, zp, dtype)`` of q's own dtype is q."""
-    dropped = 0
-    for node in list(model.graph.nodes):
-        if not is_call(node, _Q) or not is_call(node.args[0], _DQ):
-            continue
-        dq = node.args[0]
-        if _same_qparams(dq, node):
-            node.replace_all_uses_with(dq.args[0])
-            dropped += 1
-    return dropped
+def _fold_weight_dequantize(model: GraphModule, node: Node) -> bool:
+    """The ``weight_dequantize`` pattern: a constant weight that stays float is dequantized
+    once, into a float constant."""
+    if not node.users or not all(a.op == "get_attr" for a in node.all_input_nodes):
+        return False
+    const = patterns.fold_constant_dequantize(model, node, "_dequantized_weight_")
+    if const is None:
+        return False
+    if "val" in node.meta:
+        const.meta["val"] = node.meta["val"]
+    return True
 
 
-def _fold_weight_dequantize(model: GraphModule) -> None:
-    """Dequantize constant weights that stay float once, into float constants."""
-    graph = model.graph
-    for node in list(graph.nodes):
-        if not is_call(node, (_DQ, _DQ_CH)) or not node.users:
-            continue
-        if not all(a.op == "get_attr" for a in node.all_input_nodes):
-            continue
-        args = tuple(get_attr_tensor(model, a) if isinstance(a, Node) else a for a in node.args)
-        value = node.target(*args)
-        name = fresh_attr_name(model, "_dequantized_weight_")
-        model.register_buffer(name, value)
-        with graph.inserting_before(node):
-            const = graph.get_attr(name)
-        const.meta.update({k: v for k, v in node.meta.items() if k == "val"})
-        node.replace_all_uses_with(const)
+# what this lowering emits for each pattern of the ``pt2e`` use of
+# torchquant.ops.patterns.PATTERNS (the table's targets: LoweredConv, LoweredLinear,
+# LoweredDynamicLinear, max_pool_codes, the codes themselves, a float constant)
+EMITTERS: dict[str, Any] = {
+    "conv": _fuse_static,
+    "linear": _fuse_static,
+    "linear_dynamic": _fuse_dynamic,
+    "max_pool": _pool_codes,
+    "requantize": _drop_requantize,
+    "weight_dequantize": _fold_weight_dequantize,
+}
 
 
 def lower_pt2e(model: GraphModule, inplace: bool = False) -> GraphModule:
@@ -438,19 +386,15 @@ def lower_pt2e(model: GraphModule, inplace: bool = False) -> GraphModule:
     if not inplace:
         model = copy.deepcopy(model)
     graph = model.graph
-    for node in list(graph.nodes):
-        if node.op != "call_function" or not node.users:
-            continue
-        if node.target in _CONV or node.target is _LINEAR:
-            if not _fuse_static(model, node) and node.target is _LINEAR:
-                _fuse_dynamic(model, node)
-    graph.eliminate_dead_code()
-    _lower_max_pool(model)
-    graph.eliminate_dead_code()
-    _drop_requantize(model)
-    graph.eliminate_dead_code()
-    _fold_weight_dequantize(model)
-    graph.eliminate_dead_code()
+    # one pass per target, in the table's order: a pattern's nodes are rewritten before the
+    # next pass looks (a conv's output quantize is gone before the requantize pass)
+    for group in patterns.passes("pt2e"):
+        emitters = {op: EMITTERS[name] for name, ops in group for op in ops}
+        for node in list(graph.nodes):
+            emit = emitters.get(node.target) if node.op == "call_function" else None
+            if emit is not None and node.users:
+                emit(model, node)
+        graph.eliminate_dead_code()
     drop_unused_attrs(model, ("_frozen_param", "_scale_", "_zero_point_"))
     graph.lint()
     model.recompile()

@@ -34,6 +34,7 @@ from torch.fx import GraphModule, Node
 
 from ... import dtypes as _dt
 from ..._graph import is_call, only_user
+from ...ops import patterns
 
 __all__ = ["reference_representation_rewrite"]
 
@@ -362,14 +363,23 @@ class _Rewriter:
         return True
 
 
+# the _Rewriter method emitting each pattern of the ``reference`` use of
+# torchquant.ops.patterns.PATTERNS
+_EMITTERS = {"conv": "weighted", "linear": "weighted", "add": "add", "max_pool": "max_pool",
+             "quantize": "quantize", "dequantize": "dequantize"}
+
+
 def reference_representation_rewrite(model: GraphModule) -> GraphModule:
     """Rewrite (in place) the int8 q/dq patterns of a converted graph into integer arithmetic
     (see the module docstring); returns ``model``."""
     rewriter = _Rewriter(model)
-    for step in (rewriter.weighted, rewriter.add, rewriter.max_pool, rewriter.quantize,
-                 rewriter.dequantize):
+    # one pass per target of the table's ``reference`` use (linears and convs share one), in
+    # its order: fused patterns first, then the quantizes and dequantizes left alone
+    for group in patterns.passes("reference"):
+        steps = {op: getattr(rewriter, _EMITTERS[name]) for name, ops in group for op in ops}
         for node in list(model.graph.nodes):
-            if node.op == "call_function" and node not in rewriter.erased:
+            step = steps.get(node.target) if node.op == "call_function" else None
+            if step is not None and node not in rewriter.erased:
                 step(node)
     model.graph.lint()
     model.recompile()
