@@ -26,7 +26,7 @@ from .fx.convert import (convert_to_reference, keep_quantized_outputs, lower_to_
                          ORIGINAL_WEIGHTS_LOOKUP, drop_unread_attributes,
                          read_qparams_from_buffers, run_weight_observers,
                          mark_quantized_inputs, remove_qconfigs, rewire_standalone_module,
-                         swap_custom_modules)
+                         swap_custom_modules, unlowered_reference_modules)
 from .fx.custom_config import ConvertCustomConfig, FuseCustomConfig, PrepareCustomConfig
 from .fx.fuse import _set_module, fuse_graph_module
 from .fx.prepare import (annotate_tensor_nodes, generate_node_name_to_qconfig, insert_observers,
@@ -332,7 +332,8 @@ def convert_fx(graph_module: GraphModule,
                          False, "convert_fx")
     if not keep_original_weights:
         converted.__dict__.pop(ORIGINAL_WEIGHTS_LOOKUP, None)
-    _record_coverage(converted, "convert")  # the coverage line eager convert logs too
+    # the coverage line eager convert logs too, with why a module stayed a reference module
+    _record_coverage(converted, "convert", unlowered_reference_modules(converted) or None)
     return converted
 
 

@@ -157,6 +157,8 @@ def summary(model: nn.Module) -> QuantizationSummary:
     entries = []
     for name, module, state in _units(model):
         reason, by_design = None, True
+        if name in reasons:  # a recorded why: float, even a (reference) module of nn.quantized
+            state = "float"
         if state == "float":
             reason = reasons.get(name)
             if reason is None:

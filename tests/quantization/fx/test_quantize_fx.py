@@ -597,3 +597,120 @@ def test_keep_original_weights_keeps_the_functional_float_weights():
     prepared(x)
     plain = quantize_fx.convert_fx(prepared)
     assert not hasattr(plain, "original_weights_lookup")
+
+
+def _prepare_onednn(model, x, calibration=None):
+    """``model`` prepared with the x86 qconfig (reduce_range activations: torch's oneDNN
+    kernels are exact on every CPU) and the oneDNN backend config, calibrated on
+    ``calibration`` (default ``x``)."""
+    from torchquant.quantization.backend_config import get_onednn_backend_config
+    from torchquant.quantization.qconfig import get_default_qconfig
+
+    prepared = quantize_fx.prepare_fx(copy.deepcopy(model),
+                                      QConfigMapping().set_global(get_default_qconfig("x86")),
+                                      (x,), backend_config=get_onednn_backend_config())
+    prepared(x if calibration is None else calibration)
+    return quantize_fx.convert_fx(prepared, backend_config=get_onednn_backend_config())
+
+
+def _onednn_both(model, x):
+    """(ours, torch.ao's output, torch.ao's state_dict keys) for :func:`_prepare_onednn`;
+    torch.ao's oneDNN fused kernels are packed and run with its engine set to onednn."""
+    from torch.ao.quantization.backend_config import get_onednn_backend_config as ao_onednn
+
+    theirs = ao_fx.prepare_fx(copy.deepcopy(model),
+                              ao.QConfigMapping().set_global(ao.get_default_qconfig("x86")),
+                              (x,), backend_config=ao_onednn())
+    theirs(x)
+    engine = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "onednn"
+    try:
+        theirs = ao_fx.convert_fx(theirs, backend_config=ao_onednn())
+        expected, keys = theirs(x), list(theirs.state_dict())
+    finally:
+        torch.backends.quantized.engine = engine
+    return _prepare_onednn(model, x), expected, keys, [type(m).__name__ for m in theirs.children()]
+
+
+class _LinearActivations(nn.Module):
+    """Linear + LeakyReLU and Linear + Tanh: fused modules of the oneDNN backend config."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act1 = nn.Linear(8, 8), nn.LeakyReLU(0.1)
+        self.fc2, self.act2 = nn.Linear(8, 4), nn.Tanh()
+
+    def forward(self, x):
+        return self.act2(self.fc2(self.act1(self.fc1(x))))
+
+
+def test_onednn_fused_linear_activations_lower_as_torch():
+    """With the oneDNN backend config, Linear + LeakyReLU / Tanh become the quantized
+    LinearLeakyReLU / LinearTanh (the pattern table's FX rows): torch.ao's types, state_dict
+    keys and outputs."""
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
+    ours, expected, keys, their_types = _onednn_both(_LinearActivations().eval(), x)
+    assert [type(m) for m in ours.children()] == [nniq.LinearLeakyReLU, nniq.LinearTanh]
+    assert their_types == ["LinearLeakyReLU", "LinearTanh"]
+    assert list(ours.state_dict()) == keys
+    torch.testing.assert_close(ours(x), expected, rtol=0, atol=0)
+
+
+class _ConvAdds(nn.Module):
+    """conv + add + ReLU whose other addend is computed after the conv, and conv + BN + add
+    (``torch.add``, the conv's input as the other addend): oneDNN's ConvAdd fusions."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.side = nn.Conv2d(3, 3, 3, padding=1), nn.Conv2d(3, 3, 1)
+        self.relu, self.conv2, self.bn = nn.ReLU(), nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3)
+
+    def forward(self, x):
+        y = self.relu(self.conv(x) + self.side(x))
+        return torch.add(y, self.bn(self.conv2(y)))
+
+
+def test_onednn_conv_add_fuses_and_lowers_as_torch():
+    """fuse_fx matches the oneDNN config's conv + add patterns (MatchAllNode for the other
+    addend, the config's root-node / extra-inputs getters), prepare observes both inputs and
+    convert lowers to ConvAdd2d / ConvAddReLU2d (the table's two-input FX rows): torch.ao's
+    graph, state_dict keys (torch.ao orders its modules by first use in the fused graph, so
+    the keys are compared as a set) and outputs, also after a state_dict reload."""
+    from torchquant.quantization.backend_config import get_onednn_backend_config
+
+    torch.manual_seed(0)
+    model = _ConvAdds().eval()
+    x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(1))
+    fused = quantize_fx.fuse_fx(copy.deepcopy(model), backend_config=get_onednn_backend_config())
+    assert [type(m) for m in fused.children()] == [nni.ConvAddReLU2d, nn.Conv2d, nni.ConvAdd2d]
+    calls = [n for n in fused.graph.nodes if n.op == "call_module"]
+    assert [(n.target, [a.name for a in n.args]) for n in calls] == [
+        ("side", ["x"]), ("conv", ["x", "side"]), ("conv2", ["conv", "conv"])]
+    ours, expected, keys, _ = _onednn_both(model, x)
+    assert {name: type(m) for name, m in ours.named_children()} == {
+        "conv": nniq.ConvAddReLU2d, "side": nnq.Conv2d, "conv2": nniq.ConvAdd2d}
+    assert sorted(ours.state_dict()) == sorted(keys)
+    torch.testing.assert_close(ours(x), expected, rtol=0, atol=0)
+    # a model calibrated on other data takes this one's state dict and computes its outputs
+    other = _prepare_onednn(model, x, calibration=3 * x)
+    assert not torch.equal(other(x), expected)
+    other.load_state_dict(ours.state_dict())
+    torch.testing.assert_close(other(x), expected, rtol=0, atol=0)
+
+
+def test_a_reference_module_left_unlowered_is_reported_with_its_reason(monkeypatch):
+    """Where the lowering leaves a quantized pattern's reference module (here: made to lower
+    nothing), convert_fx's coverage says which module and why, as a warning-level line."""
+    from torchquant.quantization.summary import summary as coverage
+
+    model = MLP().eval()
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+    prepared = quantize_fx.prepare_fx(model, get_default_qconfig_mapping("x86"), (x,))
+    prepared(x)
+    monkeypatch.setattr(quantize_fx, "lower_to_torchquant", lambda gm, backend_config: gm)
+    with pytest.warns(UserWarning, match="no module was quantized"):
+        converted = quantize_fx.convert_fx(prepared)
+    rows = coverage(converted).float_modules
+    assert [row.name for row in rows] == ["fc1", "fc2", "fc3"]
+    assert all("runs as its reference module" in row.reason and not row.by_design
+               for row in rows)

@@ -3,7 +3,10 @@
 A pattern element is a module class (a ``call_module`` node of exactly that type), a function
 (``call_function`` with that target) or a method name string (``call_method``).  Nodes are
 visited last to first and each node belongs to at most one match; patterns with more nodes are
-tried first.  Inner nodes of a multi-node match must have a single user.
+tried first.  Inner nodes of a multi-node match must have a single user.  ``MatchAllNode``
+matches any argument (the other operand of conv + add): it stands in the matched node pattern,
+so a config's root-node / extra-inputs getters can index it, but it is an input of the match,
+not a member.
 """
 from __future__ import annotations
 
@@ -13,7 +16,10 @@ from typing import Any, Iterable, Optional
 import torch
 from torch.fx import Graph, Node
 
-__all__ = ["is_match", "find_matches", "pattern_size", "flatten_node_pattern", "root_node_of"]
+from ..utils import MatchAllNode
+
+__all__ = ["is_match", "find_matches", "pattern_size", "flatten_node_pattern", "root_node_of",
+           "match_members"]
 
 
 def pattern_size(pattern: Any) -> int:
@@ -34,6 +40,8 @@ def _node_is(modules: dict[str, torch.nn.Module], node: Node, element: Any) -> b
 
 def is_match(modules: dict[str, torch.nn.Module], node: Any, pattern: Any,
              max_uses: int = sys.maxsize) -> bool:
+    if pattern is MatchAllNode:
+        return isinstance(node, Node)
     if isinstance(pattern, tuple):
         self_match, *arg_matches = pattern
     else:
@@ -55,6 +63,16 @@ def node_pattern_of(node: Node, pattern: Any) -> Any:
         self_match, *arg_matches = pattern
         return (node, *[node_pattern_of(arg, sub) for arg, sub in zip(node.args, arg_matches)])
     return node
+
+
+def match_members(node_pattern: Any, pattern: Any) -> list[Node]:
+    """The nodes of a match (last first), without those ``MatchAllNode`` stood for."""
+    if isinstance(pattern, tuple):
+        out: list[Node] = []
+        for p, n in zip(pattern, node_pattern):
+            out.extend(match_members(n, p))
+        return out
+    return [] if pattern is MatchAllNode else [node_pattern]
 
 
 def flatten_node_pattern(node_pattern: Any) -> list[Node]:
@@ -86,7 +104,7 @@ def find_matches(graph: Graph, modules: dict[str, torch.nn.Module], patterns: It
             if not is_match(modules, node, pattern):
                 continue
             node_pattern = node_pattern_of(node, pattern)
-            members = flatten_node_pattern(node_pattern)
+            members = match_members(node_pattern, pattern)
             if any(n.name in matches for n in members):
                 continue
             for n in members:
