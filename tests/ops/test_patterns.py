@@ -61,6 +61,19 @@ def test_fx_rows_are_torch_ao_lowering_maps(ours, theirs):
         assert module_path.startswith("torchquant.nn."), module_path
 
 
+def test_fx_op_rows_resolve_and_have_emitters():
+    """Every module / function an ``fx_ops`` row names exists, and FX convert has a quantized
+    function for each of the "functional_output_qparams" row's functions."""
+    for pattern in patterns.PATTERNS:
+        if pattern.fx_ops is not None:
+            modules, functions, _ = patterns.fx_ops(pattern.name)
+            assert all(issubclass(m, torch.nn.Module) for m in modules)
+            assert all(callable(f) for f in functions), pattern.name
+    functions = patterns.fx_ops("functional_output_qparams")[1]
+    assert set(fx_convert._FUNCTIONAL_EMITTERS) == {f.__name__ for f in functions}
+    assert set(fx_convert._LOWER_FUNCTIONALS) == set(functions)
+
+
 # ---- the matchers on a converted PT2E graph --------------------------------------------------------
 
 class _ConvAddRelu(torch.nn.Module):
@@ -134,3 +147,17 @@ def test_unary_at_reads_inductors_spellings():
     assert patterns.unary_at(low) == ("hardtanh", [0.0, 6.0], high)
     assert patterns.unary_at(alone) == ("relu", [], alone)
     assert patterns.unary_at(x) is None
+
+
+def test_conv_arguments_reads_aten_and_functional_spellings():
+    graph = torch.fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    aten_call = graph.call_function(torch.ops.aten.conv2d.default, (x, w, None, [2], [1, 0]))
+    functional = graph.call_function(torch.nn.functional.conv1d, (x, w),
+                                     {"dilation": 2, "groups": 4})
+    same = graph.call_function(torch.nn.functional.conv2d, (x, w), {"padding": "same"})
+    symbolic = graph.call_function(torch.nn.functional.conv2d, (x, w, None, x))
+    assert patterns.conv_arguments(aten_call, 2) == (x, w, None, (2, 2), (1, 0), (1, 1), 1)
+    assert patterns.conv_arguments(functional, 1) == (x, w, None, (1,), (0,), (2,), 4)
+    assert patterns.conv_arguments(same, 2) is None        # 'same' padding: left float
+    assert patterns.conv_arguments(symbolic, 2) is None    # a stride computed in the graph

@@ -8,7 +8,8 @@ reference module between ``dequantize`` and ``quantize``).  This module holds
 
 * :data:`PATTERNS`, one row per quantized pattern: the form it matches and, for each use,
   the ops (or, for FX, the module types) a match starts from and what it becomes --
-  ``fx``: the quantized module FX convert produces (torch.ao's ``convert_fx`` types);
+  ``fx``: the quantized module FX convert produces (torch.ao's ``convert_fx`` types), and
+  ``fx_ops``: the modules / functions / methods FX convert lowers to QTensor ops;
   ``pt2e``: the module :func:`torchquant.quantization.pt2e.lower_pt2e` calls;
   ``inductor``: the fused call of the inductor freezing pass (:mod:`.inductor.fusion`);
   ``reference``: torchao's reference representation
@@ -18,7 +19,8 @@ reference module between ``dequantize`` and ``quantize``).  This module holds
   each lowering has an emitter for every pattern of its use and none for any other;
 * the matchers for the pieces of that form, used by the three graph lowerings: an
   activation's dequantize, a constant weight's dequantize, a dequantize whose qparams the
-  graph computes (dynamic quantization), the post-op chain after a conv / linear, a
+  graph computes (dynamic quantization), a conv's arguments, the post-op chain after a
+  conv / linear, a
   quantize that undoes a dequantize, and the folding of a constant's dequantize.
 
 Op names are strings here (``"aten.conv2d.default"``), resolved each time a lowering asks (once
@@ -28,6 +30,7 @@ imports that layer (this one cannot).
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -37,9 +40,9 @@ from torch.fx import GraphModule, Node
 from .. import dtypes as _dt
 from .._graph import fresh_attr_name, get_attr_tensor, is_call, only_user
 
-__all__ = ["Use", "FxModule", "Pattern", "PATTERNS", "USES", "patterns_of", "passes", "by_root",
-           "fx_modules",
-           "resolve_op", "activation_dequantize", "constant_dequantize", "dynamic_dequantize",
+__all__ = ["Use", "FxModule", "FxOps", "Pattern", "PATTERNS", "USES", "patterns_of", "passes", "by_root",
+           "fx_modules", "fx_ops", "resolve_python",
+           "resolve_op", "conv_arguments", "activation_dequantize", "constant_dequantize", "dynamic_dequantize",
            "unary_at", "PostOps", "undoes_dequantize", "fold_constant_dequantize"]
 
 
@@ -68,10 +71,23 @@ class FxModule:
 
 
 @dataclass(frozen=True)
+class FxOps:
+    """FX convert's form of a pattern rooted at ops rather than reference modules: the module
+    types (paths under ``torch.nn``), functions (dotted paths, ``"torch.add"``,
+    ``"operator.add"``) and method names a match starts from, and ``target``, the name of what
+    FX convert makes of it."""
+    target: str
+    modules: tuple[str, ...] = ()
+    functions: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Pattern:
     name: str
     form: str
     fx: tuple[FxModule, ...] = ()
+    fx_ops: Optional[FxOps] = None
     pt2e: Optional[Use] = None
     inductor: Optional[Use] = None
     reference: Optional[Use] = None
@@ -82,6 +98,7 @@ _MAX_POOLS = ("aten.max_pool1d.default", "aten.max_pool2d.default", "aten.max_po
 _Q = ("torchquant.quantize_per_tensor.default", "torchquant.quantize_per_channel.default")
 _DQ = ("torchquant.dequantize_per_tensor.default", "torchquant.dequantize_per_channel.default")
 _REF = "quantized.reference."
+_F = "torch.nn.functional."
 
 
 def _static(*names: str) -> tuple[FxModule, ...]:
@@ -101,6 +118,7 @@ PATTERNS: tuple[Pattern, ...] = (
                   for n in (1, 2, 3)),
                 *(_fused(f"Conv{add}2d", "Conv2d", f"intrinsic.quantized.Conv{add}2d",
                          "two_inputs") for add in ("Add", "AddReLU"))),
+            fx_ops=FxOps("quantized module", functions=tuple(f"{_F}conv{n}d" for n in (1, 2, 3))),
             pt2e=Use(_CONVS, "LoweredConv"),
             inductor=Use(("aten.convolution.default",), "onednn.qconv_pointwise"),
             reference=Use(("aten.convolution.default",), "integer_weighted")),
@@ -117,6 +135,7 @@ PATTERNS: tuple[Pattern, ...] = (
             fx=(*_static("Linear"),
                 *(_fused(f"Linear{act}", "Linear", f"intrinsic.quantized.Linear{act}")
                   for act in ("ReLU", "LeakyReLU", "Tanh"))),
+            fx_ops=FxOps("quantized module", functions=(_F + "linear",)),
             pt2e=Use(("aten.linear.default",), "LoweredLinear"),
             inductor=Use(("aten.addmm.default", "aten.mm.default"), "onednn.qlinear_pointwise"),
             reference=Use(("aten.linear.default",), "integer_weighted")),
@@ -125,6 +144,7 @@ PATTERNS: tuple[Pattern, ...] = (
             fx=(FxModule(_REF + "Linear", "quantized.dynamic.Linear", "dynamic"),
                 _fused("LinearReLU", "Linear", "intrinsic.quantized.dynamic.LinearReLU",
                        "dynamic")),
+            fx_ops=FxOps("dynamic linear op", functions=(_F + "linear",)),
             pt2e=Use(("aten.linear.default",), "LoweredDynamicLinear"),
             inductor=Use(("aten.addmm.default", "aten.mm.default"),
                          "onednn.qlinear_pointwise.tensor")),
@@ -146,8 +166,50 @@ PATTERNS: tuple[Pattern, ...] = (
                 *(FxModule(f"{_REF}ConvTranspose{n}d", f"quantized.ConvTranspose{n}d",
                            "output_qparams") for n in (1, 2, 3)))),
     Pattern("add",
-            "dequantize(x), dequantize(y) -> add [-> relu] -> quantize",
+            "dequantize(x), dequantize(y) -> add [-> relu] -> quantize (FX: or x + a number)",
+            fx_ops=FxOps("quantized add", functions=("operator.add", "torch.add")),
             reference=Use(("aten.add.Tensor",), "integer_add")),
+    Pattern("mul", "dequantize(x), dequantize(y) -> mul [-> relu] -> quantize (or x * a number)",
+            fx_ops=FxOps("quantized mul", functions=("operator.mul", "torch.mul"))),
+    Pattern("matmul", "dequantize(x), dequantize(y) -> matmul -> quantize",
+            fx_ops=FxOps("quantized matmul", functions=("operator.matmul", "torch.matmul"))),
+    Pattern("cat", "dequantize(x), ... -> cat -> quantize: the codes concatenated",
+            fx_ops=FxOps("quantized cat", functions=("torch.cat",))),
+    Pattern("functional_output_qparams",
+            "dequantize(x) -> functional hardswish / elu / leaky_relu / layer_norm / "
+            "instance_norm / dropout -> quantize: the quantized function with the output's "
+            "qparams",
+            fx_ops=FxOps("quantized function", functions=tuple(
+                _F + f for f in ("dropout", "hardswish", "elu", "leaky_relu", "layer_norm",
+                                 "instance_norm")))),
+    Pattern("shares_qparams",
+            "dequantize(x) -> an op that keeps x's qparams (pooling, ReLU, shape ops) -> "
+            "quantize: the op on the quantized tensor, the quantize dropped",
+            fx_ops=FxOps(
+                "op on the quantized tensor",
+                modules=("ReLU", "ReLU6", "Hardtanh", "Identity", "MaxPool1d", "MaxPool2d",
+                         "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
+                         "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "ChannelShuffle"),
+                functions=(*(_F + f for f in (
+                    "relu", "relu6", "hardtanh", "max_pool1d", "max_pool2d", "max_pool3d",
+                    "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d",
+                    "adaptive_avg_pool2d", "adaptive_avg_pool3d", "interpolate")),
+                    *("torch." + f for f in ("clamp", "mean", "flatten", "transpose", "squeeze",
+                                             "unsqueeze", "repeat_interleave",
+                                             "channel_shuffle")),
+                    _F + "channel_shuffle"),
+                methods=("relu", "relu_", "clamp", "mean", "contiguous", "detach", "detach_",
+                         "permute", "repeat", "repeat_interleave", "reshape", "resize_",
+                         "squeeze", "squeeze_", "transpose", "unsqueeze", "unsqueeze_",
+                         "view"))),
+    Pattern("fixed_qparams",
+            "dequantize(x) -> sigmoid / tanh / hardsigmoid -> quantize: the op on the "
+            "quantized tensor, with its fixed output qparams",
+            fx_ops=FxOps("op on the quantized tensor, fixed qparams",
+                         modules=("Sigmoid", "Tanh", "Hardsigmoid"),
+                         functions=("torch.sigmoid", "torch.tanh", _F + "hardsigmoid"),
+                         methods=("sigmoid", "sigmoid_", "tanh", "tanh_", "hardsigmoid",
+                                  "hardsigmoid_"))),
     Pattern("max_pool",
             "dequantize(x) -> max pool -> quantize with x's qparams: the pool of the codes",
             pt2e=Use(_MAX_POOLS, "max_pool_codes"),
@@ -217,6 +279,23 @@ def _resolved_roots(use: str, name: str) -> tuple[Any, ...]:
     return tuple(ops)
 
 
+def resolve_python(path: str) -> Any:
+    """The object a dotted ``torch.`` / ``operator.`` path names (``"torch.nn.functional.relu"``,
+    ``"operator.add"``); ``AttributeError`` where there is none."""
+    root, _, rest = path.partition(".")
+    value: Any = {"torch": torch, "operator": operator}[root]
+    for part in rest.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def fx_ops(name: str) -> tuple[tuple[type, ...], tuple[Any, ...], tuple[str, ...]]:
+    """(module classes, functions, method names) pattern ``name``'s FX rows start from."""
+    ops = _BY_NAME[name].fx_ops
+    return (tuple(getattr(torch.nn, m) for m in ops.modules),
+            tuple(resolve_python(f) for f in ops.functions), ops.methods)
+
+
 def fx_modules(kind: str) -> list[FxModule]:
     """FX convert's module rows of one kind ("static", "dynamic", ...), in table order."""
     return [m for pattern in PATTERNS for m in pattern.fx if m.kind == kind]
@@ -275,6 +354,33 @@ def dynamic_dequantize(node: Any, casts: Any) -> Optional[tuple[Any, Any, Any]]:
             and is_call(scale, casts) and is_call(shifted.args[0], casts)):
         return None
     return shifted.args[0].args[0], scale.args[0], shifted.args[1]
+
+
+_CONV_ARGUMENTS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+_CONV_DEFAULTS = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
+
+
+def conv_arguments(node: Node, ndim: int) -> Optional[tuple]:
+    """(input, weight, bias, stride, padding, dilation, groups) of a conv call as
+    ``aten.conv<n>d`` and ``F.conv<n>d`` spell it (one signature; a None or absent argument
+    takes its default), stride / padding / dilation as tuples of ``ndim`` ints; None where the
+    padding is a string ('same', 'valid') or the geometry is not made of constant ints."""
+    values = {**dict(zip(_CONV_ARGUMENTS, node.args)), **node.kwargs}
+    for name, default in _CONV_DEFAULTS.items():
+        if values.get(name) is None:
+            values[name] = default
+
+    def ints(value: Any) -> Optional[tuple[int, ...]]:
+        items = list(value) if isinstance(value, (list, tuple)) else [value]
+        if not items or not all(type(i) is int for i in items):
+            return None
+        return tuple(items * ndim if len(items) == 1 else items)
+
+    geometry = [ints(values[name]) for name in ("stride", "padding", "dilation")]
+    if any(g is None for g in geometry) or type(values["groups"]) is not int:
+        return None
+    return (values.get("input"), values.get("weight"), values["bias"], *geometry,
+            values["groups"])
 
 
 def _scalar(value: Any) -> Optional[float]:

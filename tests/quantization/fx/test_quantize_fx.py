@@ -714,3 +714,26 @@ def test_a_reference_module_left_unlowered_is_reported_with_its_reason(monkeypat
     assert [row.name for row in rows] == ["fc1", "fc2", "fc3"]
     assert all("runs as its reference module" in row.reason and not row.by_design
                for row in rows)
+
+
+class _Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.matmul(self.q(x), self.k(x).transpose(0, 1))
+
+
+def test_matmul_of_two_quantized_tensors_lowers_as_torch():
+    """``torch.matmul`` between dequantized inputs and a quantize becomes the quantized matmul
+    (torch.ao's ``quantized.matmul``; the pattern table's "matmul" FX row), not a float
+    matmul between dequantize and quantize."""
+    model = _Attention().eval()
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
+    ours, theirs = _convert_both(model, get_default_qconfig_mapping("x86"),
+                                 ao.get_default_qconfig_mapping("x86"), x)
+    targets = [n.target for n in ours.graph.nodes if n.op == "call_function"]
+    assert _binary.matmul in targets and torch.matmul not in targets
+    assert sorted(ours.state_dict()) == sorted(theirs.state_dict())
+    torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=0)

@@ -331,25 +331,15 @@ _WEIGHT_ONLY_LOWER_MODULES, _ = _fx_lowerings("weight_only")
 # them is removed whatever the backend config says (torch's lowering does the same, for these
 # exact lists: ``torch.relu`` and the ``.flatten()`` method are not among them there, so they
 # stay float between dequantize and quantize, requantized to their own observer's qparams)
-_COPY_MODULES = (torch.nn.ReLU, torch.nn.ReLU6, torch.nn.Hardtanh, torch.nn.Identity,
-                 torch.nn.MaxPool1d, torch.nn.MaxPool2d, torch.nn.MaxPool3d,
-                 torch.nn.AvgPool1d, torch.nn.AvgPool2d, torch.nn.AvgPool3d,
-                 torch.nn.AdaptiveAvgPool1d, torch.nn.AdaptiveAvgPool2d,
-                 torch.nn.AdaptiveAvgPool3d, torch.nn.ChannelShuffle)
-_COPY_FUNCTIONS = (F.relu, F.relu6, F.hardtanh, F.max_pool1d, F.max_pool2d,
-                   F.max_pool3d, F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.adaptive_avg_pool1d,
-                   F.adaptive_avg_pool2d, F.adaptive_avg_pool3d, F.interpolate, torch.clamp,
-                   torch.mean, torch.flatten, torch.transpose, torch.squeeze, torch.unsqueeze,
-                   torch.repeat_interleave, torch.channel_shuffle, F.channel_shuffle)
-_COPY_METHODS = ("relu", "relu_", "clamp", "mean", "contiguous", "detach", "detach_", "permute",
-                 "repeat", "repeat_interleave", "reshape", "resize_", "squeeze", "squeeze_",
-                 "transpose", "unsqueeze", "unsqueeze_", "view")
+_COPY_MODULES, _COPY_FUNCTIONS, _COPY_METHODS = _patterns.fx_ops("shares_qparams")
 # fixed-qparams ops: the QTensor op produces its fixed output qparams
-_FIXED_QPARAMS_MODULES = (torch.nn.Sigmoid, torch.nn.Tanh, torch.nn.Hardsigmoid)
-_FIXED_QPARAMS_FUNCTIONS = (torch.sigmoid, torch.tanh, F.hardsigmoid)
-_FIXED_QPARAMS_METHODS = ("sigmoid", "sigmoid_", "tanh", "tanh_", "hardsigmoid", "hardsigmoid_")
-_ADD_OPS = (operator.add, torch.add)
-_MUL_OPS = (operator.mul, torch.mul)
+_FIXED_QPARAMS_MODULES, _FIXED_QPARAMS_FUNCTIONS, _FIXED_QPARAMS_METHODS = \
+    _patterns.fx_ops("fixed_qparams")
+_ADD_OPS, _MUL_OPS = _patterns.fx_ops("add")[1], _patterns.fx_ops("mul")[1]
+_MATMUL_OPS = _patterns.fx_ops("matmul")[1]
+_CAT_OPS = _patterns.fx_ops("cat")[1]
+_WEIGHTED_FUNCTIONS = _patterns.fx_ops("conv")[1] + _patterns.fx_ops("linear")[1]
+_DYNAMIC_FUNCTIONS = _patterns.fx_ops("linear_dynamic")[1]
 _RELU_FUNCTIONS = (F.relu, torch.relu)
 
 
@@ -535,7 +525,7 @@ def _finish(gm: GraphModule, lowered: Node, quant_out: Node, dropped: list[Node]
     quant_out.replace_all_uses_with(lowered)
     graph = gm.graph
     graph.erase_node(quant_out)
-    for node in dropped:
+    for node in dict.fromkeys(dropped):  # (x + x reads one dequantize twice)
         if not node.users:
             graph.erase_node(node)
 
@@ -576,20 +566,19 @@ def lower_to_torchquant(gm: GraphModule, backend_config: BackendConfig) -> Graph
                     node.meta["torchquant_qparams"] = (scale, zp)
                     _finish(gm, node, quant_out, dqs)
                 continue
-        if node.op == "call_function" and node.target in _ADD_OPS + _MUL_OPS:
+        if node.op == "call_function" and node.target in _ADD_OPS + _MUL_OPS + _MATMUL_OPS:
             _lower_binary(gm, modules, node)
             continue
-        if node.op == "call_function" and node.target is F.linear and \
+        if node.op == "call_function" and node.target in _DYNAMIC_FUNCTIONS and \
                 _lower_dynamic_functional_linear(gm, modules, node):
             continue
-        if node.op == "call_function" and (node.target is F.linear
-                                            or node.target in _FUNCTIONAL_CONVS):
+        if node.op == "call_function" and node.target in _WEIGHTED_FUNCTIONS:
             _lower_functional_weighted(gm, modules, node)
             continue
         if node.op == "call_function" and node.target in _LOWER_FUNCTIONALS:
             _lower_functional(gm, node)
             continue
-        if node.op == "call_function" and node.target is torch.cat:
+        if node.op == "call_function" and node.target in _CAT_OPS:
             _lower_cat(gm, node)
             continue
         if (node.op == "call_module" and type(modules.get(str(node.target))) in _COPY_MODULES) or (
@@ -664,7 +653,12 @@ def _lower_binary(gm: GraphModule, modules: dict[str, torch.nn.Module], node: No
     if output is None:
         return
     relu, tail, quant_out, scale, zp = output
-    op = _binary.add if node.target in _ADD_OPS else _binary.mul
+    if node.target in _MATMUL_OPS:
+        if relu:   # torch's quantized matmul has no fused ReLU: matmul and ReLU stay float
+            return
+        op = _binary.matmul
+    else:
+        op = _binary.add if node.target in _ADD_OPS else _binary.mul
     with gm.graph.inserting_before(node):
         lowered = gm.graph.call_function(op, (a.args[0], b.args[0], scale, zp),
                                          {"relu": True} if relu else {})
@@ -728,13 +722,12 @@ def _lower_share(gm: GraphModule, node: Node, keep_output_qparams: bool = False)
                                                else dq.args[0])
     _finish(gm, node, quant_out, [dq])
 
+
 _FUNCTIONAL_CONVS = {
     F.conv1d: (nnq.Conv1d, nniq.ConvReLU1d),
     F.conv2d: (nnq.Conv2d, nniq.ConvReLU2d),
     F.conv3d: (nnq.Conv3d, nniq.ConvReLU3d),
 }
-_CONV_ARG_NAMES = ("stride", "padding", "dilation", "groups")
-_CONV_ARG_DEFAULTS = (1, 0, 1, 1)
 
 
 def _quantized_module_for_functional(node: Node, weight: torch.Tensor, bias: Any, relu: bool
@@ -742,18 +735,14 @@ def _quantized_module_for_functional(node: Node, weight: torch.Tensor, bias: Any
     if node.target is F.linear:
         cls = nniq.LinearReLU if relu else nnq.Linear
         return cls(weight.shape[1], weight.shape[0], bias is not None)
-    extra = list(node.args[3:]) + [None] * (4 - len(node.args[3:]))
-    options = {}
-    for i, (name, default) in enumerate(zip(_CONV_ARG_NAMES, _CONV_ARG_DEFAULTS)):
-        value = node.kwargs.get(name, extra[i] if extra[i] is not None else default)
-        if isinstance(value, (Node, str)):
-            return None                      # dynamic or 'same'/'valid' padding: keep float
-        options[name] = value
+    arguments = _patterns.conv_arguments(node, weight.dim() - 2)
+    if arguments is None:
+        return None                      # dynamic or 'same'/'valid' padding: keep float
+    stride, padding, dilation, groups = arguments[3:]
     cls = _FUNCTIONAL_CONVS[node.target][1 if relu else 0]
-    groups = options["groups"]
     return cls(weight.shape[1] * groups, weight.shape[0], tuple(weight.shape[2:]),
-               stride=options["stride"], padding=options["padding"],
-               dilation=options["dilation"], groups=groups, bias=bias is not None)
+               stride=stride, padding=padding, dilation=dilation, groups=groups,
+               bias=bias is not None)
 
 
 def _lower_functional_weighted(gm: GraphModule, modules: dict[str, torch.nn.Module],
@@ -980,14 +969,12 @@ def _dropout(kw: dict, scale: float, zp: int) -> Optional[tuple[Any, tuple, dict
     return None, (kw["input"],), {}
 
 
-_LOWER_FUNCTIONALS = {
-    F.dropout: _dropout,
-    F.hardswish: _hardswish,
-    F.elu: _elu,
-    F.leaky_relu: _leaky_relu,
-    F.layer_norm: _layer_norm,
-    F.instance_norm: _instance_norm,
-}
+# the quantized function for each function of the table's "functional_output_qparams" row
+_FUNCTIONAL_EMITTERS = {"dropout": _dropout, "hardswish": _hardswish, "elu": _elu,
+                        "leaky_relu": _leaky_relu, "layer_norm": _layer_norm,
+                        "instance_norm": _instance_norm}
+_LOWER_FUNCTIONALS = {fn: _FUNCTIONAL_EMITTERS[fn.__name__]
+                      for fn in _patterns.fx_ops("functional_output_qparams")[1]}
 
 
 def _lower_functional(gm: GraphModule, node: Node) -> None:

@@ -169,23 +169,6 @@ def _uint8_addend_of_same_shape(root: Node, operand: Node, other: tuple) -> bool
     return shape is not None and _shape(operand) == shape and _dtype(other[0]) == torch.uint8
 
 
-def _conv_geometry(node: Node, n: int) -> Optional[tuple]:
-    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
-    defaults = (None, None, None, [1] * n, [0] * n, [1] * n, 1)
-    args = list(node.args) + list(defaults[len(node.args):])
-    for k, v in node.kwargs.items():
-        args[names.index(k)] = v
-    stride, padding, dilation, groups = args[3:7]
-    if isinstance(padding, str):
-        return None
-
-    def tup(v: Any) -> tuple:
-        v = list(v) if isinstance(v, (list, tuple)) else [v]
-        return tuple(int(i) for i in (v * n if len(v) == 1 else v))
-
-    return args[0], args[1], args[2], tup(stride), tup(padding), tup(dilation), int(groups)
-
-
 # ---- the rewrites ----------------------------------------------------------------------------------
 
 def _replace(model: GraphModule, first: Node, last: Node, module: torch.nn.Module,
@@ -223,7 +206,7 @@ def _static_operands(node: Node) -> Optional[tuple]:
     if node.target is _LINEAR:
         b = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
         return node.args[0], node.args[1], b, None
-    geometry = _conv_geometry(node, _CONV_DIMS[node.target])
+    geometry = patterns.conv_arguments(node, _CONV_DIMS[node.target])
     if geometry is None:
         return None
     x, w, b, *rest = geometry
