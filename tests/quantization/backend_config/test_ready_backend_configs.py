@@ -2,6 +2,8 @@
 same order, and every config's ``to_dict`` equal once torch.ao classes are mapped to ours."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -133,7 +135,9 @@ def test_fixed_qparams_rejects_scale_bounds():
 def test_comparison_is_not_vacuous():
     """The mapped comparison above does see a changed dtype, fuser or fused module."""
     ref = ao_bc.get_onednn_backend_config().configs
-    mine = bc.get_onednn_backend_config().configs
+    # a copy: the ready configs share their DTypeConfig objects (module constants, as torch's
+    # do), and the changes below must not reach other tests' oneDNN configs
+    mine = copy.deepcopy(bc.get_onednn_backend_config().configs)
     conv_relu = 3  # (nn.Conv1d, nn.ReLU): a _sequential_wrapper2 fuser
     assert to_torchquant(mine[conv_relu].to_dict()) == to_torchquant(ref[conv_relu].to_dict())
     conv2d_relu = bc.get_native_backend_config().configs[3 + 19]  # 19 configs per conv dim
