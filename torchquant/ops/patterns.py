@@ -17,16 +17,16 @@ reference module between ``dequantize`` and ``quantize``).  This module holds
   Each lowering finds its patterns here (:func:`passes`, :func:`by_root`, :func:`fx_modules`)
   and keeps only its emitters, keyed by pattern name; tests/ops/test_patterns.py checks that
   each lowering has an emitter for every pattern of its use and none for any other;
-* the matchers for the pieces of that form, used by the three graph lowerings: an
-  activation's dequantize, a constant weight's dequantize, a dequantize whose qparams the
-  graph computes (dynamic quantization), a conv's arguments, the post-op chain after a
-  conv / linear, a
+* the matchers for the pieces of that form, used by the graph lowerings: an activation's
+  dequantize, a constant weight's dequantize, a dequantize whose qparams the graph computes
+  (dynamic quantization), a conv's arguments, the post-op chain after a conv / linear, a
   quantize that undoes a dequantize, and the folding of a constant's dequantize.
 
-Op names are strings here (``"aten.conv2d.default"``), resolved each time a lowering asks (once
-per graph or registration): torchquant's ops register as their modules load, inductor's prims
-once inductor does, and ops a torch build lacks are skipped.  FX module names are paths under ``torchquant.nn``, resolved by FX convert, which
-imports that layer (this one cannot).
+Op names are strings here (``"aten.conv2d.default"``), resolved each time a lowering asks
+(once per graph or registration): torchquant's ops register as their modules load,
+inductor's prims once inductor does, and ops a torch build lacks are skipped.  FX module
+names are paths under ``torchquant.nn``, resolved by FX convert, which imports that layer
+(this one cannot); FX function names are ``torch.`` / ``operator.`` paths.
 """
 from __future__ import annotations
 
