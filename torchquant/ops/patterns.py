@@ -40,9 +40,9 @@ from torch.fx import GraphModule, Node
 from .. import dtypes as _dt
 from .._graph import fresh_attr_name, get_attr_tensor, is_call, only_user
 
-__all__ = ["Use", "FxModule", "FxOps", "Pattern", "PATTERNS", "USES", "patterns_of", "passes", "by_root",
-           "fx_modules", "fx_ops", "resolve_python",
-           "resolve_op", "conv_arguments", "activation_dequantize", "constant_dequantize", "dynamic_dequantize",
+__all__ = ["Use", "FxModule", "FxOps", "Pattern", "PATTERNS", "USES", "patterns_of", "passes",
+           "by_root", "fx_modules", "fx_ops", "resolve_python", "resolve_op", "conv_arguments",
+           "scalar", "activation_dequantize", "constant_dequantize", "dynamic_dequantize",
            "unary_at", "PostOps", "undoes_dequantize", "fold_constant_dequantize"]
 
 
@@ -74,9 +74,8 @@ class FxModule:
 class FxOps:
     """FX convert's form of a pattern rooted at ops rather than reference modules: the module
     types (paths under ``torch.nn``), functions (dotted paths, ``"torch.add"``,
-    ``"operator.add"``) and method names a match starts from, and ``target``, the name of what
-    FX convert makes of it."""
-    target: str
+    ``"operator.add"``) and method names a match starts from (what FX convert makes of them:
+    the pattern's ``form``)."""
     modules: tuple[str, ...] = ()
     functions: tuple[str, ...] = ()
     methods: tuple[str, ...] = ()
@@ -118,7 +117,7 @@ PATTERNS: tuple[Pattern, ...] = (
                   for n in (1, 2, 3)),
                 *(_fused(f"Conv{add}2d", "Conv2d", f"intrinsic.quantized.Conv{add}2d",
                          "two_inputs") for add in ("Add", "AddReLU"))),
-            fx_ops=FxOps("quantized module", functions=tuple(f"{_F}conv{n}d" for n in (1, 2, 3))),
+            fx_ops=FxOps(functions=tuple(f"{_F}conv{n}d" for n in (1, 2, 3))),
             pt2e=Use(_CONVS, "LoweredConv"),
             inductor=Use(("aten.convolution.default",), "onednn.qconv_pointwise"),
             reference=Use(("aten.convolution.default",), "integer_weighted")),
@@ -135,7 +134,7 @@ PATTERNS: tuple[Pattern, ...] = (
             fx=(*_static("Linear"),
                 *(_fused(f"Linear{act}", "Linear", f"intrinsic.quantized.Linear{act}")
                   for act in ("ReLU", "LeakyReLU", "Tanh"))),
-            fx_ops=FxOps("quantized module", functions=(_F + "linear",)),
+            fx_ops=FxOps(functions=(_F + "linear",)),
             pt2e=Use(("aten.linear.default",), "LoweredLinear"),
             inductor=Use(("aten.addmm.default", "aten.mm.default"), "onednn.qlinear_pointwise"),
             reference=Use(("aten.linear.default",), "integer_weighted")),
@@ -144,7 +143,7 @@ PATTERNS: tuple[Pattern, ...] = (
             fx=(FxModule(_REF + "Linear", "quantized.dynamic.Linear", "dynamic"),
                 _fused("LinearReLU", "Linear", "intrinsic.quantized.dynamic.LinearReLU",
                        "dynamic")),
-            fx_ops=FxOps("dynamic linear op", functions=(_F + "linear",)),
+            fx_ops=FxOps(functions=(_F + "linear",)),
             pt2e=Use(("aten.linear.default",), "LoweredDynamicLinear"),
             inductor=Use(("aten.addmm.default", "aten.mm.default"),
                          "onednn.qlinear_pointwise.tensor")),
@@ -167,26 +166,25 @@ PATTERNS: tuple[Pattern, ...] = (
                            "output_qparams") for n in (1, 2, 3)))),
     Pattern("add",
             "dequantize(x), dequantize(y) -> add [-> relu] -> quantize (FX: or x + a number)",
-            fx_ops=FxOps("quantized add", functions=("operator.add", "torch.add")),
+            fx_ops=FxOps(functions=("operator.add", "torch.add")),
             reference=Use(("aten.add.Tensor",), "integer_add")),
     Pattern("mul", "dequantize(x), dequantize(y) -> mul [-> relu] -> quantize (or x * a number)",
-            fx_ops=FxOps("quantized mul", functions=("operator.mul", "torch.mul"))),
+            fx_ops=FxOps(functions=("operator.mul", "torch.mul"))),
     Pattern("matmul", "dequantize(x), dequantize(y) -> matmul -> quantize",
-            fx_ops=FxOps("quantized matmul", functions=("operator.matmul", "torch.matmul"))),
+            fx_ops=FxOps(functions=("operator.matmul", "torch.matmul"))),
     Pattern("cat", "dequantize(x), ... -> cat -> quantize: the codes concatenated",
-            fx_ops=FxOps("quantized cat", functions=("torch.cat",))),
+            fx_ops=FxOps(functions=("torch.cat",))),
     Pattern("functional_output_qparams",
             "dequantize(x) -> functional hardswish / elu / leaky_relu / layer_norm / "
             "instance_norm / dropout -> quantize: the quantized function with the output's "
             "qparams",
-            fx_ops=FxOps("quantized function", functions=tuple(
+            fx_ops=FxOps(functions=tuple(
                 _F + f for f in ("dropout", "hardswish", "elu", "leaky_relu", "layer_norm",
                                  "instance_norm")))),
     Pattern("shares_qparams",
             "dequantize(x) -> an op that keeps x's qparams (pooling, ReLU, shape ops) -> "
             "quantize: the op on the quantized tensor, the quantize dropped",
             fx_ops=FxOps(
-                "op on the quantized tensor",
                 modules=("ReLU", "ReLU6", "Hardtanh", "Identity", "MaxPool1d", "MaxPool2d",
                          "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
                          "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "ChannelShuffle"),
@@ -205,8 +203,7 @@ PATTERNS: tuple[Pattern, ...] = (
     Pattern("fixed_qparams",
             "dequantize(x) -> sigmoid / tanh / hardsigmoid -> quantize: the op on the "
             "quantized tensor, with its fixed output qparams",
-            fx_ops=FxOps("op on the quantized tensor, fixed qparams",
-                         modules=("Sigmoid", "Tanh", "Hardsigmoid"),
+            fx_ops=FxOps(modules=("Sigmoid", "Tanh", "Hardsigmoid"),
                          functions=("torch.sigmoid", "torch.tanh", _F + "hardsigmoid"),
                          methods=("sigmoid", "sigmoid_", "tanh", "tanh_", "hardsigmoid",
                                   "hardsigmoid_"))),
@@ -383,7 +380,8 @@ def conv_arguments(node: Node, ndim: int) -> Optional[tuple]:
             values["groups"])
 
 
-def _scalar(value: Any) -> Optional[float]:
+def scalar(value: Any) -> Optional[float]:
+    """A graph argument as a float where it is a plain int / float (not a bool, not a node)."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
@@ -397,19 +395,19 @@ def unary_at(node: Any) -> Optional[tuple[str, list[float], Node]]:
         lo, hi = (list(node.args[1:3]) + [-1.0, 1.0][len(node.args) - 1:])[:2]
         return "hardtanh", [float(lo), float(hi)], node
     if is_call(node, _aten.clamp.default) and len(node.args) == 3 and not node.kwargs:
-        lo, hi = _scalar(node.args[1]), _scalar(node.args[2])
+        lo, hi = scalar(node.args[1]), scalar(node.args[2])
         if lo is not None and hi is not None and lo <= hi:
             return "hardtanh", [lo, hi], node
         return None
     first, second = (_aten.clamp_min.default, _aten.clamp_max.default)
     for a, b in ((first, second), (second, first)):
         if is_call(node, a) and len(node.args) == 2 and not node.kwargs:
-            bound = _scalar(node.args[1])
+            bound = scalar(node.args[1])
             if bound is None:
                 return None
             nxt = only_user(node)
             if is_call(nxt, b) and len(nxt.args) == 2 and not nxt.kwargs:
-                other = _scalar(nxt.args[1])
+                other = scalar(nxt.args[1])
                 if other is None:
                     return None
                 lo, hi = (bound, other) if a is first else (other, bound)
@@ -470,7 +468,7 @@ def undoes_dequantize(codes_dtype: Optional[torch.dtype], scale: Any, zero_point
     quantizing again is the identity on the integers)."""
     if not is_call(quantize, _tq_op("quantize_per_tensor")) or len(quantize.args) < 4:
         return False
-    s = _scalar(scale)
+    s = scalar(scale)
     if s is None or not 1e-30 < s < 1e30 or not isinstance(zero_point, int):
         return False
     if float(quantize.args[1]) != s or quantize.args[2] != zero_point:

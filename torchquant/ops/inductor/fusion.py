@@ -49,6 +49,7 @@ from ..._graph import fresh_attr_name, get_attr_tensor, is_call, only_user
 from ...kernels import onednn_exactness as _exactness
 from ...kernels import native as _native
 from .. import patterns
+from ..patterns import scalar
 from . import saturation_safe
 from .packaging_state import is_packaging, native_allowed
 
@@ -90,10 +91,6 @@ def _weight(gm: fx.GraphModule, node: Any, axis_wanted: int) -> Optional[tuple]:
     return w.contiguous(), scale, zp
 
 
-def _scalar(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _gelu_after(node: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
     """The exact GELU a float linear output feeds alone (maybe through one view), as inductor's
     decomposition spells it before freezing runs -- ``(y * 0.5) * (1 + erf(y * M_SQRT1_2))``:
@@ -105,13 +102,13 @@ def _gelu_after(node: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
     users = list(y.users)
     if len(users) != 2 or not all(is_call(u, aten.mul.Tensor) and len(u.args) == 2 for u in users):
         return None
-    factors = {_scalar(u.args[1]) if u.args[0] is y else None: u for u in users}
+    factors = {scalar(u.args[1]) if u.args[0] is y else None: u for u in users}
     half, root = factors.get(0.5), factors.get(0.7071067811865476)
     if half is None or root is None:
         return None
     erf = only_user(root)
     one = only_user(erf) if is_call(erf, aten.erf.default) else None
-    if not (is_call(one, aten.add.Tensor) and one.args[0] is erf and _scalar(one.args[1]) == 1.0):
+    if not (is_call(one, aten.add.Tensor) and one.args[0] is erf and scalar(one.args[1]) == 1.0):
         return None
     last = only_user(one)
     if not (is_call(last, aten.mul.Tensor) and set(last.args) == {half, one}
@@ -605,7 +602,7 @@ def _pool_integers(g: _Graph, node: fx.Node) -> bool:
     if len(node.args) < 2 or not integer_max_pool_lowered(node.args[1]):
         return False
     val = q_in.meta.get("val") if isinstance(q_in, fx.Node) else None
-    if (val is None or val.dtype not in (torch.uint8, torch.int8) or _scalar(scale) is None
+    if (val is None or val.dtype not in (torch.uint8, torch.int8) or scalar(scale) is None
             or not 0.0 < float(scale) < math.inf or not isinstance(zp, int)):
         return False
     users = list(node.users)

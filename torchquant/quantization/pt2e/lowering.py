@@ -301,14 +301,17 @@ def max_pool_codes(values: torch.Tensor, ndim: int, kernel_size: list, stride: l
                                  ceil_mode)
 
 
+def _undone_by(dq: Any, q: Any) -> bool:
+    """``dq`` is a per-tensor dequantize whose codes the quantize ``q`` gives back."""
+    return (is_call(dq, _DQ) and len(dq.args) >= 3
+            and patterns.undoes_dequantize(_dtype(dq.args[0]), dq.args[1], dq.args[2], q))
+
+
 def _pool_codes(model: GraphModule, node: Node) -> bool:
     """The ``max_pool`` pattern: dequantizing is increasing and the quantize after the pool
     gives the codes back, so the pool runs on the codes."""
-    dq = node.args[0]
-    if not is_call(dq, _DQ) or len(dq.args) < 3:
-        return False
-    q = only_user(node)
-    if q is None or not patterns.undoes_dequantize(_dtype(dq.args[0]), dq.args[1], dq.args[2], q):
+    dq, q = node.args[0], only_user(node)
+    if not _undone_by(dq, q):
         return False
     names = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode")
     args = list(node.args) + [None, [], 0, 1, False][len(node.args) - 1:]
@@ -327,8 +330,7 @@ def _drop_requantize(model: GraphModule, node: Node) -> bool:
     """The ``requantize`` pattern: ``quantize(dequantize(q, s, zp), s, zp)`` of q's own dtype
     is q."""
     dq = node.args[0]
-    if not is_call(dq, _DQ) or len(dq.args) < 3 \
-            or not patterns.undoes_dequantize(_dtype(dq.args[0]), dq.args[1], dq.args[2], node):
+    if not _undone_by(dq, node):
         return False
     node.replace_all_uses_with(dq.args[0])
     return True
@@ -337,8 +339,6 @@ def _drop_requantize(model: GraphModule, node: Node) -> bool:
 def _fold_weight_dequantize(model: GraphModule, node: Node) -> bool:
     """The ``weight_dequantize`` pattern: a constant weight that stays float is dequantized
     once, into a float constant."""
-    if not node.users or not all(a.op == "get_attr" for a in node.all_input_nodes):
-        return False
     const = patterns.fold_constant_dequantize(model, node, "_dequantized_weight_")
     if const is None:
         return False
