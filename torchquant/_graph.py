@@ -11,7 +11,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 __all__ = ["fresh_attr_name", "read_attr", "get_attr_value", "get_attr_tensor",
-           "optional_attr_value", "is_call", "only_user", "drop_unused_attrs"]
+           "optional_attr_value", "is_call", "only_user", "erase_unused", "drop_unused_attrs"]
 
 _MISSING = object()
 
@@ -78,6 +78,23 @@ def is_call(node: Any, targets: Any) -> bool:
 def only_user(node: Node) -> Optional[Node]:
     """The one node that uses ``node``; None where it has no user or several."""
     return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def erase_unused(node: Node, ops: tuple[str, ...] = ("call_function",)) -> list[Node]:
+    """Erase ``node`` if nothing uses it, then, transitively, each of its inputs left without a
+    user -- nodes whose op is in ``ops``; impure calls stay.  Returns the erased nodes."""
+    erased: list[Node] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in erased or n.users or n.op not in ops or (n.op == "call_function"
+                                                         and n.is_impure()):
+            continue
+        inputs = list(n.all_input_nodes)
+        n.graph.erase_node(n)
+        erased.append(n)
+        stack.extend(inputs)
+    return erased
 
 
 def drop_unused_attrs(model: GraphModule, prefixes: tuple[str, ...], *,

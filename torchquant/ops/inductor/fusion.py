@@ -45,7 +45,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import fx
 
-from ..._graph import fresh_attr_name, get_attr_tensor, is_call, only_user
+from ..._graph import erase_unused, fresh_attr_name, get_attr_tensor, is_call, only_user
 from ...kernels import onednn_exactness as _exactness
 from ...kernels import native as _native
 from .. import patterns
@@ -630,15 +630,9 @@ def _pool_integers(g: _Graph, node: fx.Node) -> bool:
 
 
 def _erase_dead(node: fx.Node) -> None:
-    """Erase ``node`` if nothing uses it, and then each producer only it used."""
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if n.users or n.op not in ("call_function", "get_attr") or n.graph is None:
-            continue
-        inputs = list(n.all_input_nodes)
-        n.graph.erase_node(n)
-        stack.extend(inputs)
+    """Erase ``node`` if nothing uses it, and then each producer (or frozen constant) only it
+    used."""
+    erase_unused(node, ("call_function", "get_attr"))
 
 
 def _fold(gm: fx.GraphModule, node: fx.Node) -> bool:

@@ -33,7 +33,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ... import dtypes as _dt
-from ..._graph import is_call, only_user
+from ..._graph import erase_unused, is_call, only_user
 from ...ops import patterns
 
 __all__ = ["reference_representation_rewrite"]
@@ -161,19 +161,7 @@ class _Rewriter:
         if qmin is not None:
             self.produced[new] = _Codes(new, _CODES, qmin, qmax)
         old.replace_all_uses_with(new)
-        self._erase_dead(old)
-
-    def _erase_dead(self, node: Node) -> None:
-        """Erase ``node`` and, transitively, the pure call_function inputs left without users."""
-        pending = [node]
-        while pending:
-            n = pending.pop()
-            if n in self.erased or n.users or n.op != "call_function" or n.is_impure():
-                continue
-            inputs = list(n.all_input_nodes)
-            self.graph.erase_node(n)
-            self.erased.add(n)
-            pending.extend(inputs)
+        self.erased.update(erase_unused(old))
 
     # -- pattern helpers ---------------------------------------------------------------------
 
